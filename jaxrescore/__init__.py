@@ -1,0 +1,12 @@
+"""jaxrescore: speculative enumeration in JAX.
+
+A cheap draft model builds the enumeration index; the expensive target scores only the candidates
+a query returns, in one batched teacher-forcing forward; a certificate says when the answer is
+provably the target's true top-k under an assumed draft/target gap.
+"""
+
+from jaxrescore.quantize import Quantizer
+from jaxrescore.sequences import SequenceBatch
+
+__all__ = ["Quantizer", "SequenceBatch"]
+__version__ = "0.1.0"
