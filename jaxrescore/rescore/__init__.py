@@ -1,0 +1,6 @@
+"""Rescoring: the pure core (``core``) and the RescoredIndex shell over it (``index``)."""
+
+from jaxrescore.rescore.core import GapCarry, RescoreOutput, init_carry, rescore, rescore_sweep
+from jaxrescore.rescore.index import RescoredIndex, RescoreResult
+
+__all__ = ["GapCarry", "RescoreOutput", "RescoreResult", "RescoredIndex", "init_carry", "rescore", "rescore_sweep"]

@@ -1,0 +1,157 @@
+"""The rescoring core: pure, jit- and vmap-safe functions over padded arrays.
+
+One pulled batch of ``N`` draft-ordered candidates (row ``j`` is the draft's rank ``j``) carries its
+target scores, draft scores and a ``valid`` mask. :func:`rescore` orders the valid rows by target
+score, cuts the ``[start, start + k)`` slice and decides the certificate; :class:`GapCarry` threads
+the running diagnostics from call to call, in the style of optax states (``init_carry`` /
+``rescore`` returning the new carry). A query's ``rerank_window`` is not an argument: it is the
+length of the valid prefix, so queries with different windows over one pulled batch differ only in
+their masks, and ``jax.vmap`` over a leading query axis runs a whole sweep in one call.
+
+Certificate (see DESIGN.md §4): with ``n = sum(valid)`` rows pulled, ``edge_bounds[n - 1]`` bounds
+the draft score of every sequence the pull did not include (``-inf``: nothing exists beyond the
+pull; NaN: no sound bound). Then::
+
+    certified = 1  iff  the slice holds k items and (edge == -inf or worst >= edge + assumed_gap)
+                    or  the slice is short and edge == -inf (the draft support is exhausted)
+    certified = 0  otherwise, and -1 when assumed_gap is NaN (certification not requested).
+
+The comparison keeps a margin of a few units in the last place of the operands so that rounding
+them to the working dtype (float32 without x64) cannot make it pass.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+CERT_NONE, CERT_FALSE, CERT_TRUE = -1, 0, 1
+
+
+class GapCarry(NamedTuple):
+    """Running diagnostics threaded through :func:`rescore` (a pytree).
+
+    Attributes:
+      max_gap: float[], running max of ``|target - draft|`` over rescored pairs where both are finite.
+      sequences: int32[], sequences rescored so far.
+      calls: int32[], batched target calls made so far.
+    """
+
+    max_gap: jax.Array
+    sequences: jax.Array
+    calls: jax.Array
+
+
+def init_carry(dtype=jnp.float32) -> GapCarry:
+    """The carry of an index that has rescored nothing yet."""
+    return GapCarry(jnp.zeros((), dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+class RescoreOutput(NamedTuple):
+    """Result of one :func:`rescore` call (a pytree; add a leading axis under ``vmap``).
+
+    Attributes:
+      perm: int32[k_max], rows of the pulled batch in target-descending order (ties by draft rank);
+        0 where ``mask`` is False.
+      log_probs: float[k_max], target scores of those rows; -inf where ``mask`` is False.
+      mask: bool[k_max], True on the returned items.
+      certified: int8[], -1 (not requested), 0 (not proven) or 1 (proven complete).
+      bound: float[], the draft bound the certificate was checked against; NaN where none applies
+        (not requested, nothing left unpulled, or no sound bound).
+      gap: float[], running max observed ``|target - draft|`` including this batch.
+    """
+
+    perm: jax.Array
+    log_probs: jax.Array
+    mask: jax.Array
+    certified: jax.Array
+    bound: jax.Array
+    gap: jax.Array
+
+
+def target_order(target_lps: jax.Array, valid: jax.Array) -> jax.Array:
+    """Rows ``int32[N]`` sorted by target score descending, ties by draft rank (row index), invalid
+    rows last. A ``-inf`` target is a real (off-support) score and sorts after every finite one but
+    before padding."""
+    n = target_lps.shape[0]
+    rows = jnp.arange(n, dtype=jnp.int32)
+    invalid = (~valid).astype(jnp.int32)
+    neg = jnp.where(valid, -target_lps, jnp.inf)
+    _, _, order = jax.lax.sort((invalid, neg, rows), num_keys=3)
+    return order
+
+
+def _clears(worst, bound, assumed_gap):
+    """``worst >= bound + assumed_gap`` with a rounding margin that only ever makes it harder."""
+    eps = jnp.finfo(worst.dtype).eps
+    margin = 8 * eps * (jnp.abs(worst) + jnp.abs(bound) + jnp.abs(assumed_gap))
+    return worst - (bound + assumed_gap) >= margin
+
+
+def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
+    """The carry after rescoring the valid rows of one batch in one target call."""
+    finite = valid & jnp.isfinite(target_lps) & jnp.isfinite(draft_lps)
+    diffs = jnp.where(finite, jnp.abs(target_lps - draft_lps), 0)
+    return GapCarry(
+        max_gap=jnp.maximum(carry.max_gap, jnp.max(diffs, initial=0).astype(carry.max_gap.dtype)),
+        sequences=carry.sequences + jnp.sum(valid, dtype=jnp.int32),
+        calls=carry.calls + 1,
+    )
+
+
+def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, carry, *, k_max):
+    """Target-rerank one query over a pulled batch and decide its certificate.
+
+    Args:
+      target_lps: float[N], target scores of the pulled rows (NaN rows are treated as invalid; the
+        shell reports NaN from a target as an error before it gets here).
+      draft_lps: float[N], draft scores of the pulled rows.
+      valid: bool[N], True on this query's pulled rows; must be a prefix (rows ``0..n-1``).
+      edge_bounds: float[N], ``edge_bounds[j]`` = sound upper bound on the draft score of every
+        sequence ranked after row ``j`` (``-inf``: none exists; NaN: no bound). Only
+        ``edge_bounds[n - 1]`` is read (``edge_bounds[0]`` when ``n == 0``).
+      start: int[], first target rank returned.
+      k: int[], number of items asked for, ``1 <= k <= k_max``.
+      assumed_gap: float[], assumed bound on ``|target - draft|``; NaN = not supplied.
+      carry: the :class:`GapCarry` before this call.
+      k_max: static int, the output length.
+
+    Returns:
+      ``(RescoreOutput, GapCarry)``.
+    """
+    target_lps = jnp.asarray(target_lps)
+    valid = jnp.asarray(valid, bool) & ~jnp.isnan(target_lps)
+    n_rows = target_lps.shape[0]
+    n_valid = jnp.sum(valid, dtype=jnp.int32)
+
+    order = target_order(target_lps, valid)
+    slots = jnp.arange(k_max, dtype=jnp.int32)
+    ranks = start + slots
+    mask = (slots < k) & (ranks < n_valid)
+    perm = jnp.where(mask, order[jnp.clip(ranks, 0, n_rows - 1)], 0)
+    log_probs = jnp.where(mask, target_lps[perm], -jnp.inf)
+
+    worst = jnp.min(jnp.where(mask, log_probs, jnp.inf))
+    edge = jnp.asarray(edge_bounds)[jnp.clip(n_valid - 1, 0, n_rows - 1)]
+    exhausted = edge == -jnp.inf
+    has_bound = ~jnp.isnan(edge)
+    full = jnp.sum(mask) >= k
+    proven = exhausted | (full & has_bound & _clears(worst, edge, assumed_gap))
+    requested = ~jnp.isnan(assumed_gap)
+    certified = jnp.where(requested, proven.astype(jnp.int8), jnp.int8(CERT_NONE))
+    bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)
+
+    new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), valid)
+    out = RescoreOutput(perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap)
+    return out, new_carry
+
+
+def rescore_sweep(target_lps, draft_lps, valid, edge_bounds, starts, ks, assumed_gaps, carry, *, k_max):
+    """:func:`rescore` vmapped over a leading query axis ``Q`` of ``valid [Q, N]``, ``starts``,
+    ``ks`` and ``assumed_gaps [Q]``; the batch arrays and the carry are shared."""
+    per_query = jax.vmap(
+        lambda v, s, k, g: rescore(target_lps, draft_lps, v, edge_bounds, s, k, g, carry, k_max=k_max)
+    )
+    return per_query(valid, starts, ks, assumed_gaps)

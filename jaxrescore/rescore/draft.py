@@ -1,0 +1,130 @@
+"""A view of any duck-typed draft index: pulling its head and bounding what lies beyond it.
+
+What is trusted, in order (DESIGN.md §4):
+
+1. ``bucket_bound(n)`` (our :class:`~jaxrescore.index.SeekIndex`): the index's own sound upper bound
+   on the draft score of every sequence ranked ``>= n`` or never indexed; ``-inf`` means none exists.
+2. Running out (``unrank`` raising IndexError, or ``len()`` below the extent after
+   ``ensure_count``) is exhaustion unless the index reports ``truncated`` or ``dropped_upper > 0``.
+3. A foreign index with only a ``.quantizer`` (e.g. the reference library's SeekIndex) is trusted as
+   ordered by structural fine bucket (the sum of per-step buckets, ``TOL = 1e-9``) only if it
+   reports ``truncated`` and ``dropped_upper`` and ``dropped_upper == 0``. Every sequence ranked
+   after the edge item then has a structural bucket at least the edge item's: computed by
+   ``index.model.structural_fine_bucket(seq, quantizer)`` when available, else lower-bounded by
+   ``fine_bucket(edge lp) - max_len`` (a sum of per-step floors is at least the floor of the sum
+   minus the number of steps). The reference library's own rule, the bucket of the edge item's
+   TOTAL score, misses exactly that per-step slack.
+4. Anything else (no quantizer, no truncation report, dropped sequences) offers no bound: NaN, and
+   certification answers False with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxrescore.quantize import Quantizer
+
+# Steps assumed for the TOL slack of a foreign index whose model does not say its max_len.
+_UNKNOWN_MAX_STEPS = 1 << 20
+
+
+class DraftPull(NamedTuple):
+    """The draft head of one query.
+
+    Attributes:
+      seqs: the pulled sequences as tuples of ints, in draft rank order.
+      draft_lps: float64[P], their draft log-probs as the index reported them.
+      ran_out: True when the index held fewer sequences than asked for.
+    """
+
+    seqs: list
+    draft_lps: np.ndarray
+    ran_out: bool
+
+
+class DraftBound(NamedTuple):
+    """A bound on every sequence beyond a pull: ``value`` is -inf (none exists), a finite float,
+    or NaN (no sound bound); ``why`` says where it came from."""
+
+    value: float
+    why: str
+
+
+def _as_tuple(seq) -> tuple:
+    return tuple(int(x) for x in np.asarray(seq).reshape(-1))
+
+
+class DraftView:
+    """Uniform access to a draft index with ``unrank(i) -> (sequence, draft_log_prob)``."""
+
+    def __init__(self, index: Any):
+        if not callable(getattr(index, "unrank", None)):
+            raise TypeError(
+                f"draft_index must have a method unrank(i) -> (sequence, log_prob), got {type(index).__name__}"
+            )
+        self.index = index
+
+    def pull(self, extent: int) -> DraftPull:
+        """The first ``extent`` sequences in draft order (fewer if the index runs out)."""
+        idx = self.index
+        if callable(getattr(idx, "ensure_count", None)):
+            idx.ensure_count(extent)
+        if callable(getattr(idx, "unrank_batch", None)) and hasattr(idx, "__len__"):
+            n = min(extent, len(idx))
+            seqs, lps = idx.unrank_batch(np.arange(n, dtype=np.int64)) if n else ([], [])
+            seqs = [_as_tuple(s) for s in seqs]
+            return DraftPull(seqs, np.asarray(lps, np.float64).reshape(n), n < extent)
+        seqs, lps = [], []
+        for i in range(extent):
+            try:
+                seq, lp = idx.unrank(i)
+            except IndexError:
+                return DraftPull(seqs, np.asarray(lps, np.float64), True)
+            seqs.append(_as_tuple(seq))
+            lps.append(float(lp))
+        return DraftPull(seqs, np.asarray(lps, np.float64), False)
+
+    def bound(self, n: int, pull: DraftPull) -> DraftBound:
+        """Sound upper bound on the draft score of every sequence not among the first ``n`` pulled."""
+        idx = self.index
+        if callable(getattr(idx, "bucket_bound", None)):
+            value = float(idx.bucket_bound(n))
+            if math.isnan(value):
+                return DraftBound(math.nan, "the draft index's bucket_bound returned NaN")
+            return DraftBound(value, "the draft index's bucket_bound")
+        dropped = float(getattr(idx, "dropped_upper", 0) or 0)
+        if dropped != 0:
+            return DraftBound(math.nan, f"the draft index dropped up to {dropped:g} sequences that no bound covers")
+        if pull.ran_out and n >= len(pull.seqs):
+            if bool(getattr(idx, "truncated", False)):
+                return DraftBound(math.nan, "the draft index ran out while truncated: not exhausted, no bound")
+            return DraftBound(-math.inf, "the draft index ran out and reports no truncation")
+        quantizer = getattr(idx, "quantizer", None)
+        if quantizer is None:
+            return DraftBound(math.nan, "the draft index exposes no quantizer, so no sound bound exists")
+        if not (hasattr(idx, "truncated") and hasattr(idx, "dropped_upper")):
+            return DraftBound(
+                math.nan,
+                "the draft index reports no truncated/dropped_upper, so sequences it never ordered "
+                "cannot be bounded",
+            )
+        try:
+            q = Quantizer(quantizer.bin_width_bits, quantizer.oversample)
+        except (AttributeError, TypeError, ValueError):
+            return DraftBound(math.nan, "the draft index's quantizer has no usable bin_width_bits/oversample")
+        model = getattr(idx, "model", None)
+        max_steps = getattr(model, "max_len", None) or _UNKNOWN_MAX_STEPS
+        edge_seq, edge_lp = pull.seqs[n - 1], float(pull.draft_lps[n - 1])
+        structural = getattr(model, "structural_fine_bucket", None)
+        if callable(structural):
+            fb = int(structural(edge_seq, quantizer))
+            how = "the edge item's structural bucket"
+        elif math.isfinite(edge_lp):
+            fb = int(q.fine_bucket(edge_lp)) - int(max_steps)
+            how = "the edge item's fine bucket minus max_len"
+        else:
+            return DraftBound(math.nan, "the edge item's draft score is not finite: no bucket to bound from")
+        return DraftBound(float(q.edge(max(fb, 0), max_steps)), f"{how} (foreign index, trusted as bucket-ordered)")

@@ -1,0 +1,131 @@
+"""Tiny models whose whole support can be listed, and brute-force draft indexes over them.
+
+These are test oracles for the rescoring layer: they are written for obviousness, not speed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from jaxrescore.quantize import Quantizer
+
+
+def _log_softmax(x):
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+class TableModel:
+    """A random autoregressive model over ``vocab`` tokens; ``eos`` set = terminating.
+
+    ``steps[prefix]`` is the float64 next-token log-prob row after ``prefix``.
+    """
+
+    def __init__(self, vocab, max_len, seed, *, eos=None, temperature=1.5, base=None, noise=0.0):
+        rng = np.random.default_rng(seed)
+        self.vocab_size, self.max_len, self.eos = vocab, max_len, eos
+        self.steps = {}
+        for prefix in self._prefixes():
+            if base is not None:
+                logits = base.steps[prefix] + noise * rng.standard_normal(vocab)
+            else:
+                logits = temperature * rng.standard_normal(vocab)
+            self.steps[prefix] = _log_softmax(logits)
+
+    def _prefixes(self):
+        for n in range(self.max_len):
+            for p in itertools.product(range(self.vocab_size), repeat=n):
+                if self.eos is None or self.eos not in p:
+                    yield p
+
+    def support(self):
+        """Every in-support sequence with its per-step log-probs."""
+        if self.eos is None:
+            return list(itertools.product(range(self.vocab_size), repeat=self.max_len))
+        body_tokens = [t for t in range(self.vocab_size) if t != self.eos]
+        return [
+            body + (self.eos,)
+            for n in range(1, self.max_len + 1)
+            for body in itertools.product(body_tokens, repeat=n - 1)
+        ]
+
+    def step_lps(self, seq):
+        return np.array([self.steps[seq[:i]][t] for i, t in enumerate(seq)])
+
+    def log_prob(self, seq):
+        seq = tuple(seq)
+        if self.eos is None and len(seq) != self.max_len:
+            return -math.inf
+        if self.eos is not None and (not seq or seq[-1] != self.eos or self.eos in seq[:-1] or len(seq) > self.max_len):
+            return -math.inf
+        return float(np.minimum(self.step_lps(seq), 0.0).sum())
+
+    def __call__(self, seqs):
+        return [self.log_prob(s) for s in seqs]
+
+
+class BruteIndex:
+    """A draft index over a :class:`TableModel`: structural-bucket order, ties lexicographic.
+
+    ``budget_bits`` truncates (only buckets within the budget are indexed, ``truncated`` reports
+    it). ``bucket_bound`` is included only when ``with_bound``; ``foreign=True`` gives the reference
+    library's shape (``quantizer``, ``truncated``, ``dropped_upper``, a ``model`` with ``max_len``).
+    """
+
+    def __init__(self, model, quantizer=None, *, budget_bits=None, with_bound=True, batch=True):
+        self.model = model
+        self.quantizer = quantizer or Quantizer(1.0, 8)
+        rows = []
+        for seq in model.support():
+            steps = np.minimum(model.step_lps(seq), 0.0)
+            bucket = int(self.quantizer.step_buckets(steps).sum())
+            rows.append((bucket, seq, float(steps.sum())))
+        rows.sort()
+        self.budget = None if budget_bits is None else self.quantizer.budget(budget_bits)
+        kept = [r for r in rows if self.budget is None or r[0] <= self.budget]
+        self.truncated = len(kept) < len(rows)
+        self.dropped_upper = 0
+        self.rows = kept
+        self.unrank_calls = 0
+        if not with_bound:
+            self.bucket_bound = None
+        if not batch:
+            self.unrank_batch = None
+
+    def __len__(self):
+        return len(self.rows)
+
+    def unrank(self, i):
+        self.unrank_calls += 1
+        if i >= len(self.rows):
+            raise IndexError(i)
+        _, seq, lp = self.rows[i]
+        return seq, lp
+
+    def unrank_batch(self, ranks):
+        self.unrank_calls += 1
+        picked = [self.rows[int(r)] for r in ranks]
+        return [r[1] for r in picked], np.array([r[2] for r in picked])
+
+    def bucket_bound(self, n):
+        fbs = [self.rows[n][0]] if n < len(self.rows) else []
+        if self.truncated:
+            fbs.append(self.budget + 1)
+        if not fbs:
+            return -math.inf
+        return float(self.quantizer.edge(min(fbs), self.model.max_len))
+
+
+def true_top_scores(target, support, start, k):
+    """The target scores of target ranks ``[start, start + k)`` over the whole support."""
+    scores = sorted(target(support), reverse=True)
+    return scores[start : start + k]
+
+
+def true_gap(draft, target, support):
+    d, t = np.array(draft(support)), np.array(target(support))
+    fin = np.isfinite(d) & np.isfinite(t)
+    return float(np.abs(d - t)[fin].max())
