@@ -1,0 +1,251 @@
+"""JaxLM: the shared host/device plumbing of every model that is a JAX logits function.
+
+A subclass supplies ``apply(params, tokens: int32[B, T]) -> logits[B, T, V]`` (a hashable, pure
+callable; ``tokens[:, 0]`` is the BOS id and position ``j`` predicts token ``j`` of the sequence)
+and a ``params`` pytree. This class turns that into the AutoregressiveEnumerable protocol:
+
+- ``score_sequences``: ONE teacher-forcing forward over ``[BOS] + tokens`` per chunk, per-step
+  log-probs brought to the host and summed in float64 under the padding (and ``skip``) mask;
+- ``next_logprobs``: the same forward over ``[BOS] + prefix``, log-softmax at the last real position.
+
+Device functions are module-level ``jax.jit``s taking ``params`` as an ARGUMENT and ``apply`` as a
+static argument, so updated weights are always used and models with equal ``apply`` share
+compiles. Batch rows are chunked (``chunk_rows``) and padded to powers of two; lengths are padded
+to powers of two capped at ``max_len``, so a sweep of queries sees only a few shapes.
+
+Right padding plus the causal mask is the padding mask: a real position only attends to earlier
+positions, all real, so padding can never change a real position's output.
+
+Data parallelism: with ``mesh`` (a ``jax.sharding.Mesh``) the batch axis of every forward is
+sharded over all mesh axes and ``params`` are replicated.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrescore.models.prompt import PromptableMixin
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
+
+
+@partial(jax.jit, static_argnums=0)
+def _step_logprobs(apply, params, inputs, targets):
+    """float32[B, T]: log p(targets[b, j] | inputs[b, :j+1])."""
+    lp = jax.nn.log_softmax(apply(params, inputs).astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
+
+
+@partial(jax.jit, static_argnums=0)
+def _last_logprobs(apply, params, inputs, last):
+    """float32[B, V]: the log-softmax row at position ``last[b]`` of each row."""
+    logits = apply(params, inputs).astype(jnp.float32)
+    row = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    return jax.nn.log_softmax(row, axis=-1)
+
+
+@partial(jax.jit, static_argnums=0)
+def _all_logprobs(apply, params, inputs):
+    """float32[B, T, V]: every position's next-token log-probs."""
+    return jax.nn.log_softmax(apply(params, inputs).astype(jnp.float32), axis=-1)
+
+
+def check_mesh(mesh) -> Mesh | None:
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+    return mesh
+
+
+def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int, what: str = "seqs") -> None:
+    """ValueError unless every real token lies in ``[0, vocab_size)`` and every length <= max_len."""
+    if batch.size and int(batch.lengths.max()) > max_len:
+        i = int(np.argmax(batch.lengths))
+        raise ValueError(
+            f"{what}[{i}] has length {int(batch.lengths[i])} > max_len={max_len}"
+        )
+    real = batch.mask
+    bad = real & ((batch.tokens < 0) | (batch.tokens >= vocab_size))
+    if bad.any():
+        i, j = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{what}[{i}] has token {int(batch.tokens[i, j])} at position {j}; "
+            f"tokens must lie in [0, {vocab_size})"
+        )
+
+
+def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
+    """bool[N, width]: the steps counted in a score (real, and not among the first ``skip[i]``)."""
+    n = batch.size
+    cols = np.arange(width)[None, :]
+    mask = cols < batch.lengths[:, None]
+    if skip is not None:
+        skip = np.asarray(skip, np.int64).reshape(-1)
+        if skip.shape != (n,):
+            raise ValueError(f"skip must have shape ({n},), got {skip.shape}")
+        if skip.size and skip.min() < 0:
+            raise ValueError(f"skip must be non-negative, got min {int(skip.min())}")
+        mask &= cols >= skip[:, None]
+    return mask
+
+
+class DeviceBatched(PromptableMixin):
+    """Host-side batching shared by device-backed models: row chunks of at most ``chunk_rows``,
+    padded to power-of-two row counts (a multiple of the mesh size), and, with a ``mesh``, the
+    batch axis sharded over all mesh axes while ``params`` are replicated once per weights object.
+
+    Subclasses set ``params`` (the pytree every device call receives) and ``mesh`` and implement
+    ``step_logprobs(seqs) -> (batch, float32[N, W])``; scores are masked float64 sums of those.
+    """
+
+    chunk_rows = 256
+
+    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+        """``float64[N]`` log-probs of whole sequences, EOS step included, padding masked.
+
+        Args:
+          seqs: a SequenceBatch, or a list of token sequences.
+          skip: optional int32[N]; the first ``skip[i]`` steps of row ``i`` are left out of its
+            sum (a conditioning prompt), so several prompts' candidates share one call.
+        """
+        batch, lps = self.step_logprobs(seqs)
+        mask = skip_mask(batch, skip, lps.shape[1])
+        return np.where(mask, lps.astype(np.float64), 0.0).sum(axis=1)
+
+    def with_mesh(self, mesh: Mesh | None):
+        """A copy sharing the weights whose forwards shard the batch axis over ``mesh``
+        (``None``: single device)."""
+        other = copy.copy(self)
+        other.mesh = check_mesh(mesh)
+        other._placed = None
+        return other
+
+    def _device_params(self):
+        if self.mesh is None:
+            return self.params
+        cached = getattr(self, "_placed", None)
+        if cached is None or cached[0] is not self.params or cached[1] is not self.mesh:
+            rep = NamedSharding(self.mesh, PartitionSpec())
+            cached = (self.params, self.mesh, jax.device_put(self.params, rep))
+            self._placed = cached
+        return cached[2]
+
+    def _rows_bucket(self, n: int) -> int:
+        rows = bucket_size(n, 8)
+        if self.mesh is not None:
+            d = self.mesh.devices.size
+            rows = -(-rows // d) * d
+        return rows
+
+    def _put(self, x: np.ndarray):
+        if self.mesh is None:
+            return x
+        spec = PartitionSpec(self.mesh.axis_names)
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
+
+    def _chunked(self, fn, *arrays: np.ndarray) -> np.ndarray:
+        """``fn(params, *row_chunks)`` over row chunks padded to bucketed row counts; the
+        results' first ``n`` rows concatenated on the host."""
+        n = arrays[0].shape[0]
+        params = self._device_params()
+        outs = []
+        for start in range(0, n, self.chunk_rows):
+            part = [a[start : start + self.chunk_rows] for a in arrays]
+            m = part[0].shape[0]
+            rows = self._rows_bucket(m)
+            padded = [np.concatenate([p, np.zeros((rows - m,) + p.shape[1:], p.dtype)]) for p in part]
+            outs.append(np.asarray(fn(params, *(self._put(p) for p in padded)))[:m])
+        return np.concatenate(outs)
+
+
+class JaxLM(DeviceBatched):
+    """Base of JAX-backed models (see the module docstring).
+
+    Attributes:
+      vocab_size: V (output ids ``0..V-1``).
+      eos: end-of-sequence id or None (fixed length).
+      max_len: the longest sequence in the support, EOS included.
+      bos_id: the id fed at position 0 (may be ``>= V``, e.g. an extra embedding row).
+      apply: the hashable pure forward ``(params, tokens) -> logits``.
+      params: the weights pytree passed to ``apply`` (assign a new one to update the model).
+      mesh: optional ``jax.sharding.Mesh`` for data-parallel forwards (see :meth:`with_mesh`).
+      chunk_rows: the largest batch one device call sees.
+    """
+
+    def __init__(self, apply, params, *, vocab_size, eos, max_len, bos_id, mesh=None):
+        self.apply = apply
+        self.params = params
+        self.vocab_size = int(vocab_size)
+        self.eos = None if eos is None else int(eos)
+        self.max_len = int(max_len)
+        self.bos_id = int(bos_id)
+        self.mesh = check_mesh(mesh)
+        self._placed = None  # (params object, mesh, replicated params)
+
+    def _length_bucket(self, length: int) -> int:
+        return min(bucket_size(max(length, 1), 8), self.max_len)
+
+    def _teacher_inputs(self, batch: SequenceBatch, width: int):
+        """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width]."""
+        toks = np.zeros((batch.size, width), np.int32)
+        t = min(width, batch.tokens.shape[1])
+        toks[:, :t] = batch.tokens[:, :t]
+        inputs = np.empty_like(toks)
+        inputs[:, 0] = self.bos_id
+        inputs[:, 1:] = toks[:, :-1]
+        return inputs, toks
+
+    # ---- protocol ---------------------------------------------------------------------------
+
+    def step_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+        """The batch and ``float32[N, W]``: log-prob of each token given its prefix (W >= the
+        longest length; entries at padding positions are meaningless, mask them)."""
+        batch = as_sequence_batch(seqs)
+        check_tokens(batch, self.vocab_size, self.max_len)
+        width = self._length_bucket(int(batch.lengths.max(initial=0)))
+        if batch.size == 0:
+            return batch, np.zeros((0, width), np.float32)
+        inputs, targets = self._teacher_inputs(batch, width)
+        return batch, self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
+
+    def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+        """The batch and ``float32[N, W, V]``: the next-token log-probs before each position
+        (row ``j`` is ``log p(. | tokens[:j])``; rows at padding positions are meaningless)."""
+        batch = as_sequence_batch(seqs)
+        check_tokens(batch, self.vocab_size, self.max_len)
+        width = self._length_bucket(int(batch.lengths.max(initial=0)))
+        inputs, _ = self._teacher_inputs(batch, width)
+        if batch.size == 0:
+            return batch, np.zeros((0, width, self.vocab_size), np.float32)
+        return batch, self._chunked(partial(_all_logprobs, self.apply), inputs)
+
+    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+        """``float32[B, V]``: log-softmax next-token rows after each prefix.
+
+        Args:
+          prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
+          lengths: int32[B], each in ``[0, max_len - 1]``.
+        """
+        prefixes = np.asarray(prefixes, np.int32)
+        lengths = np.asarray(lengths, np.int32).reshape(-1)
+        if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
+            raise ValueError(
+                f"prefixes must be int32[B, T] and lengths int32[B], got shapes "
+                f"{prefixes.shape} and {lengths.shape}"
+            )
+        if lengths.size and (lengths.min() < 0 or lengths.max() >= self.max_len):
+            raise ValueError(
+                f"prefix lengths must lie in [0, {self.max_len - 1}] (max_len={self.max_len}), "
+                f"got range [{int(lengths.min())}, {int(lengths.max())}]"
+            )
+        batch = SequenceBatch(prefixes, lengths)
+        check_tokens(batch, self.vocab_size, self.max_len, what="prefixes")
+        if batch.size == 0:
+            return np.zeros((0, self.vocab_size), np.float32)
+        width = self._length_bucket(int(lengths.max()) + 1)
+        inputs, _ = self._teacher_inputs(batch, width)
+        return self._chunked(partial(_last_logprobs, self.apply), inputs, lengths)

@@ -1,0 +1,107 @@
+"""Prompt conditioning: a model whose support is the continuations of a fixed prompt.
+
+``model.with_prompt(prompt)`` returns a :class:`PromptedModel`. Its sequences are continuations
+``c`` and its scores are the conditional log-probs ``log p(c | prompt)``: every call prepends the
+prompt and calls the base model ONCE, excluding the prompt's own steps from scores with the base's
+``skip`` argument. A draft index built over a prompted model therefore enumerates completions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+
+
+def check_prompt(base, prompt) -> tuple[int, ...]:
+    """Validate ``prompt`` for ``base`` and return it as a tuple of ints.
+
+    A prompt (possibly empty: then the prompted model scores like the base) must hold token ids in ``[0, vocab_size)``, leave room for at least one more token and, for a terminating
+    model, not contain ``eos`` (a finished sequence has no continuations).
+    """
+    toks = tuple(int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1))
+    bad = [t for t in toks if not 0 <= t < base.vocab_size]
+    if bad:
+        raise ValueError(f"prompt tokens must lie in [0, {base.vocab_size}), got {bad}")
+    if len(toks) >= base.max_len:
+        raise ValueError(
+            f"prompt of length {len(toks)} leaves no room under max_len={base.max_len}"
+        )
+    if base.eos is not None and base.eos in toks:
+        raise ValueError(f"prompt {toks} contains eos={base.eos}; it has no continuations")
+    return toks
+
+
+def prepend(prompt: tuple[int, ...], tokens: np.ndarray, lengths: np.ndarray):
+    """``prompt + row`` for every row: ``(int32[B, P + T], int32[B])``."""
+    p = len(prompt)
+    out = np.empty((tokens.shape[0], p + tokens.shape[1]), np.int32)
+    out[:, :p] = np.asarray(prompt, np.int32)
+    out[:, p:] = tokens
+    return out, np.asarray(lengths, np.int32) + p
+
+
+class PromptableMixin:
+    """Gives a model ``with_prompt``; the model must accept ``score_sequences(seqs, skip=...)``."""
+
+    def with_prompt(self, tokens) -> "PromptedModel":
+        """The model of continuations of ``tokens`` (see :class:`PromptedModel`)."""
+        return PromptedModel(self, tokens)
+
+
+class PromptedModel(PromptableMixin):
+    """The continuations of ``prompt`` under ``base``, scored as ``log p(c | prompt)``.
+
+    Attributes:
+      base: the unconditioned model (must support ``score_sequences(seqs, skip=...)``).
+      prompt: the conditioning tokens, a tuple of ints.
+      vocab_size, eos: those of ``base``.
+      max_len: ``base.max_len - len(prompt)``: the longest continuation (EOS included).
+    """
+
+    def __init__(self, base, prompt):
+        self.base = base
+        self.prompt = check_prompt(base, prompt)
+        self.vocab_size = int(base.vocab_size)
+        self.eos = base.eos
+        self.max_len = int(base.max_len) - len(self.prompt)
+
+    def __repr__(self) -> str:
+        return f"PromptedModel(base={self.base!r}, prompt={self.prompt})"
+
+    def with_prompt(self, tokens) -> "PromptedModel":
+        """Extend the prompt: conditioning on ``self.prompt + tokens``."""
+        more = check_prompt(self, tokens)
+        return PromptedModel(self.base, self.prompt + more)
+
+    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+        """``float32[B, V]``: ``log p(. | prompt + prefix)``, one call of the base model.
+
+        Args:
+          prefixes: int32[B, T] continuation prefixes (left-aligned).
+          lengths: int32[B].
+        """
+        prefixes = np.asarray(prefixes, np.int32)
+        if prefixes.ndim != 2:
+            raise ValueError(f"prefixes must be int32[B, T], got shape {prefixes.shape}")
+        toks, lens = prepend(self.prompt, prefixes, np.asarray(lengths, np.int32).reshape(-1))
+        return self.base.next_logprobs(toks, lens)
+
+    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+        """``float64[N]``: ``log p(c | prompt)`` of continuations ``c``, one base call.
+
+        Args:
+          seqs: a SequenceBatch or a list of token sequences (continuations only).
+          skip: optional int32[N]; further leading continuation steps to exclude.
+        """
+        batch = as_sequence_batch(seqs)
+        n = batch.size
+        extra = np.zeros(n, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(-1)
+        if extra.shape != (n,):
+            raise ValueError(f"skip must have shape ({n},), got {np.shape(skip)}")
+        toks, lens = prepend(self.prompt, batch.tokens, batch.lengths)
+        # Rows of length 0 (padding rows) stay empty instead of scoring the prompt's steps.
+        lens = np.where(batch.lengths > 0, lens, 0).astype(np.int32)
+        return self.base.score_sequences(
+            SequenceBatch(toks, lens), skip=(extra + len(self.prompt)).astype(np.int32)
+        )

@@ -1,0 +1,200 @@
+"""TransformerLM: a flax nnx decoder-only transformer implementing the enumeration protocol.
+
+BOS is an extra embedding row (id ``vocab_size``), so the output vocabulary stays ``V`` and BOS is
+never predicted. The nnx module is split ONCE into a (hashable) graph definition and a weights
+state; forwards are the plain ``jax.jit`` functions of :mod:`jaxrescore.models.jax_lm` with the
+state as an argument, so replacing ``model.params`` (training, distillation) is immediately seen.
+Everything is float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrescore.models.jax_lm import JaxLM
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a :class:`TransformerLM`.
+
+    Attributes:
+      vocab_size: V, output token ids ``0..V-1`` (BOS gets embedding row ``V``).
+      d_model, n_layers, n_heads: width, depth and attention heads (``d_model % n_heads == 0``).
+      d_ff: MLP hidden width (default ``4 * d_model``).
+      max_len: the longest sequence in the support, EOS included (= the position table size).
+      eos: end-of-sequence id, or None for fixed-length sequences of exactly ``max_len`` tokens.
+      dropout: dropout rate used only by training (scoring is deterministic).
+      positions: ``"learned"`` or ``"sinusoidal"``.
+    """
+
+    vocab_size: int
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None
+    max_len: int = 16
+    eos: int | None = None
+    dropout: float = 0.0
+    positions: str = "learned"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"TransformerConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+            )
+        if self.d_ff is not None and (not isinstance(self.d_ff, (int, np.integer)) or self.d_ff < 1):
+            raise ValueError(f"TransformerConfig.d_ff must be a positive int or None, got {self.d_ff!r}")
+        if self.eos is not None and not 0 <= self.eos < self.vocab_size:
+            raise ValueError(
+                f"TransformerConfig.eos={self.eos} must be None or in [0, {self.vocab_size})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(
+                f"TransformerConfig.positions must be 'learned' or 'sinusoidal', got {self.positions!r}"
+            )
+
+    @property
+    def ff_width(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _dropout(x, rate, key):
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def sinusoidal_table(length: int, d: int) -> np.ndarray:
+    """float32[length, d]: the fixed sin/cos position encodings."""
+    pos = np.arange(length)[:, None]
+    freq = np.exp(-math.log(10000.0) * (np.arange(0, d, 2) / d))[None, :]
+    table = np.zeros((length, d), np.float32)
+    table[:, 0::2] = np.sin(pos * freq)
+    table[:, 1::2] = np.cos(pos * freq)[:, : d // 2]
+    return table
+
+
+class _Block(nnx.Module):
+    """Pre-LayerNorm block: causal multi-head self-attention, then a GELU MLP."""
+
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.rate = cfg.dropout
+        self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+        self.qkv = nnx.Linear(d, 3 * d, rngs=rngs)
+        self.out = nnx.Linear(d, d, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+        self.ff1 = nnx.Linear(d, cfg.ff_width, rngs=rngs)
+        self.ff2 = nnx.Linear(cfg.ff_width, d, rngs=rngs)
+
+    def __call__(self, x, key=None):
+        b, t, d = x.shape
+        h = self.n_heads
+        q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
+        q, k, v = (a.reshape(b, t, h, d // h) for a in (q, k, v))
+        att = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+        y = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, d)
+        k1, k2 = (None, None) if key is None else jax.random.split(key)
+        x = x + _dropout(self.out(y), self.rate, k1)
+        y = self.ff2(jax.nn.gelu(self.ff1(self.ln2(x))))
+        return x + _dropout(y, self.rate, k2)
+
+
+class TransformerModule(nnx.Module):
+    """The nnx network: ``tokens int32[B, T]`` (BOS id ``V`` first) -> ``logits float32[B, T, V]``."""
+
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+        self.rate = cfg.dropout
+        self.embed = nnx.Embed(cfg.vocab_size + 1, cfg.d_model, rngs=rngs)
+        # Sinusoidal tables are trace-time constants, so they never become trainable weights.
+        self.pos = nnx.Embed(cfg.max_len, cfg.d_model, rngs=rngs) if cfg.positions == "learned" else None
+        self.blocks = nnx.List([_Block(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, rngs=rngs)
+
+    def __call__(self, tokens, key=None):
+        t = tokens.shape[1]
+        d = self.ln_f.num_features
+        pos = self.pos.embedding[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
+        x = self.embed(tokens) + pos[None]
+        n = len(self.blocks) + 1
+        keys = [None] * n if key is None else jax.random.split(key, n)
+        x = _dropout(x, self.rate, keys[0])
+        for block, k in zip(self.blocks, keys[1:]):
+            x = block(x, k)
+        return self.head(self.ln_f(x))
+
+
+@dataclass(frozen=True)
+class TransformerApply:
+    """Hashable pure forward ``(state, tokens[, key]) -> logits`` (equal graphs share compiles)."""
+
+    graphdef: nnx.GraphDef
+
+    def __call__(self, state, tokens, key=None):
+        return nnx.merge(self.graphdef, state)(tokens, key)
+
+
+class TransformerLM(JaxLM):
+    """Decoder-only transformer LM (see the module docstring).
+
+    Args:
+      config: a :class:`TransformerConfig`.
+      seed: initialisation seed.
+      mesh: optional ``jax.sharding.Mesh``: shard the batch axis of forwards (data parallel).
+
+    Attributes:
+      config: the config. ``params``: the weights state (an ``nnx.State``) passed to every jitted
+      forward; assign a new state of the same structure to update the model.
+    """
+
+    def __init__(self, config: TransformerConfig, *, seed: int = 0, mesh=None):
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        graphdef, state = nnx.split(TransformerModule(config, nnx.Rngs(seed)))
+        self.config = config
+        super().__init__(
+            TransformerApply(graphdef),
+            state,
+            vocab_size=config.vocab_size,
+            eos=config.eos,
+            max_len=config.max_len,
+            bos_id=config.vocab_size,
+            mesh=mesh,
+        )
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers}, "
+            f"n_heads={c.n_heads}, max_len={c.max_len}, eos={c.eos})"
+        )
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
+
+    def module(self) -> TransformerModule:
+        """A fresh nnx module holding the current weights (for inspection or other nnx code)."""
+        return nnx.merge(self.apply.graphdef, self.params)

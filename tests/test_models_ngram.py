@@ -1,0 +1,94 @@
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from jaxrescore.models.ngram import NGramLM
+from model_checks import check_protocol
+
+
+def corpus(n=300, seed=0, v=4, eos=0, max_len=5):
+    rng = np.random.default_rng(seed)
+    return [
+        tuple(int(t) for t in rng.integers(1, v, size=rng.integers(0, max_len))) + (eos,)
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_protocol_eos(order):
+    seqs = corpus()
+    m = NGramLM.fit(seqs, order=order, vocab_size=4, eos=0, discount=None)
+    assert m.max_len == 5
+    check_protocol(m, seqs[:12], atol=1e-5)
+
+
+def test_protocol_fixed_length():
+    rng = np.random.default_rng(1)
+    seqs = [tuple(int(t) for t in rng.integers(0, 3, size=4)) for _ in range(100)]
+    m = NGramLM.fit(seqs, order=3, vocab_size=3)
+    assert m.eos is None and m.max_len == 4
+    check_protocol(m, seqs[:10], atol=1e-5)
+    # a fixed-length model is a distribution over all V**max_len sequences
+    support = list(itertools.product(range(3), repeat=4))
+    assert math.isclose(np.exp(m.score_sequences(support)).sum(), 1.0, rel_tol=1e-5)
+
+
+def test_kneser_ney_by_hand():
+    # bigram KN on "ab", "b" (V=3: a=1, b=2, eos=0; BOS=3), D=0.5
+    m = NGramLM.fit([(1, 2, 0), (2, 0)], order=2, vocab_size=3, eos=0, discount=0.5)
+    # unigram continuation counts: a <- {BOS}, b <- {a, BOS}, eos <- {b}; total 4, 3 types
+    uni = np.array([1 - 0.5, 1 - 0.5, 2 - 0.5]) / 4 + 0.5 * 3 / 4 / 3
+    ctx_b = np.array([2 - 0.5, 0, 0]) / 2 + 0.5 * 1 / 2 * uni  # after b: eos twice
+    got = np.exp(m.next_logprobs(np.array([[1, 2]]), np.array([2])))[0]
+    np.testing.assert_allclose(got, ctx_b, rtol=1e-5)
+    after_a = np.array([0, 0, 1 - 0.5]) / 1 + 0.5 * 1 / 1 * uni
+    got = np.exp(m.next_logprobs(np.array([[1]]), np.array([1])))[0]
+    np.testing.assert_allclose(got, after_a, rtol=1e-5)
+    # a context never seen (eos was never followed) backs off to the unigram
+    got = np.exp(m.next_logprobs(np.array([[0]]), np.array([1])))[0]
+    np.testing.assert_allclose(got, uni, rtol=1e-5)
+
+
+def test_weights_equal_repetition():
+    seqs = corpus(50, seed=3)
+    w = np.arange(1, 51) % 4
+    rep = [s for s, k in zip(seqs, w) for _ in range(k)]
+    a = NGramLM.fit(seqs, order=3, vocab_size=4, eos=0, weights=w)
+    b = NGramLM.fit(rep, order=3, vocab_size=4, eos=0)
+    np.testing.assert_allclose(a.score_sequences(seqs), b.score_sequences(seqs), atol=1e-5)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="does not end with eos"):
+        NGramLM.fit([(1, 2)], vocab_size=4, eos=0)
+    with pytest.raises(ValueError, match="before its end"):
+        NGramLM.fit([(1, 0, 2, 0)], vocab_size=4, eos=0)
+    with pytest.raises(ValueError, match="fixed-length"):
+        NGramLM.fit([(1, 2), (1,)], vocab_size=4)
+    with pytest.raises(ValueError, match="tokens must lie"):
+        NGramLM.fit([(1, 7, 0)], vocab_size=4, eos=0)
+    with pytest.raises(ValueError, match="weights"):
+        NGramLM.fit([(1, 0)], vocab_size=4, eos=0, weights=[-1.0])
+    m = NGramLM.fit(corpus(), vocab_size=4, eos=0)
+    with pytest.raises(ValueError, match="prefix lengths"):
+        m.next_logprobs(np.zeros((1, 5), np.int32), np.array([5]))
+    with pytest.raises(ValueError, match="max_len"):
+        m.score_sequences([(1, 1, 1, 1, 1, 0)])
+    with pytest.raises(ValueError, match="eos"):
+        m.with_prompt([1, 0])
+
+
+def test_fit_is_vectorised_at_scale():
+    rng = np.random.default_rng(0)
+    lens = rng.integers(2, 10, size=100_000)
+    toks = np.zeros((lens.size, 10), np.int32)
+    toks[:, :9] = rng.integers(1, 28, size=(lens.size, 9))
+    toks[np.arange(lens.size), lens - 1] = 0
+    toks[np.arange(10)[None, :] >= lens[:, None]] = 0
+    from jaxrescore.sequences import SequenceBatch
+
+    m = NGramLM.fit(SequenceBatch(toks, lens.astype(np.int32)), order=4, vocab_size=28, eos=0)
+    assert m.max_len == 9
+    assert np.all(np.isfinite(m.score_sequences(SequenceBatch(toks[:300], lens[:300].astype(np.int32)))))
