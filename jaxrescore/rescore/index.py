@@ -213,20 +213,28 @@ class RescoredIndex:
         return self._run([_Query(*q) for q in zip(starts, ks, windows, gaps)])
 
     def _run(self, queries: list[_Query]) -> list[RescoreResult]:
+        pull, bounds = self._prepare(queries)
+        scores = checked_scores(self._score(pull.seqs), pull.seqs) if pull.seqs else np.zeros(0)
+        return self._finish(queries, pull, scores, bounds)
+
+    def _prepare(self, queries: list[_Query]) -> tuple[DraftPull, dict]:
+        """Pull the largest extent once and bound what lies beyond each query's pull."""
         pull = self._draft.pull(max(q.extent for q in queries))
-        n_pulled = len(pull.seqs)
-        scores = checked_scores(self._score(pull.seqs), pull.seqs) if n_pulled else np.zeros(0)
         bounds = {}
         for q in queries:
-            n = min(q.extent, n_pulled)
+            n = min(q.extent, len(pull.seqs))
             if q.gap is not None and n not in bounds:
                 bounds[n] = self._draft.bound(n, pull)
+        return pull, bounds
+
+    def _finish(self, queries: list[_Query], pull: DraftPull, scores: np.ndarray, bounds: dict) -> list[RescoreResult]:
+        """Run the core on validated target scores and only then update the carry."""
         out = self._core(queries, pull, scores, bounds)
         gaps = np.asarray(out.gap, np.float64)[: len(queries)]
         self._carry = GapCarry(
             float(max(self._carry.max_gap, gaps.max())),
-            self._carry.sequences + n_pulled,
-            self._carry.calls + (1 if n_pulled else 0),
+            self._carry.sequences + len(pull.seqs),
+            self._carry.calls + (1 if pull.seqs else 0),
         )
         return [self._result(q, i, out, pull, scores, bounds) for i, q in enumerate(queries)]
 

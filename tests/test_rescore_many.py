@@ -1,0 +1,81 @@
+"""rescore_many: several prompts' queries in ONE target call, equal to querying each alone."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from jaxrescore.models.ngram import NGramLM
+from jaxrescore.rescore import RescoredIndex
+from jaxrescore.rescore.many import rescore_many
+
+EOS = 3
+
+
+class ListIndex:
+    """Continuations of a prompt in draft order (exhaustive, so certificates are decidable)."""
+
+    def __init__(self, draft, max_len):
+        seqs = [body + (EOS,) for n in range(max_len) for body in itertools.product(range(3), repeat=n)]
+        lps = draft.score_sequences(seqs)
+        order = np.argsort(-lps, kind="stable")
+        self.rows = [(seqs[i], float(lps[i])) for i in order]
+
+    def unrank(self, i):
+        if i >= len(self.rows):
+            raise IndexError(i)
+        return self.rows[i]
+
+
+@pytest.fixture(scope="module")
+def models():
+    rng = np.random.default_rng(0)
+    corpus = [tuple(rng.integers(0, 3, rng.integers(0, 5))) + (EOS,) for _ in range(300)]
+    draft = NGramLM.fit(corpus, order=2, vocab_size=4, eos=EOS, max_len=6)
+    target = NGramLM.fit(corpus, order=3, vocab_size=4, eos=EOS, max_len=6)
+    return draft, target
+
+
+def test_one_call_for_all_prompts_and_same_results(models, monkeypatch):
+    draft, target = models
+    prompts = [(0,), (1, 2), ()]
+
+    def make():
+        return [
+            RescoredIndex(ListIndex(draft.with_prompt(p), 6 - len(p)), target.with_prompt(p), rerank_window=4, assumed_gap=None)
+            for p in prompts
+        ]
+
+    alone = [ri.top_k(3) for ri in make()]
+    calls = []
+    real = type(target).score_sequences
+
+    def spy(self, seqs, **kw):
+        calls.append(kw.get("skip"))
+        return real(self, seqs, **kw)
+
+    fresh = make()
+    monkeypatch.setattr(type(target), "score_sequences", spy)
+    together = rescore_many(fresh, 3)
+    assert len(calls) == 1 and sorted(set(np.asarray(calls[0]).tolist())) == [0, 1, 2]
+    for a, b in zip(alone, together):
+        assert [s for s, _ in a.items] == [s for s, _ in b.items]
+        np.testing.assert_allclose([lp for _, lp in a.items], [lp for _, lp in b.items], rtol=0, atol=1e-5)
+        assert a.certified == b.certified
+
+
+def test_shared_target_object(models):
+    draft, target = models
+    idx = [RescoredIndex(ListIndex(draft, 6), target, rerank_window=w) for w in (0, 5)]
+    results = rescore_many(idx, 2)
+    assert [len(r.items) for r in results] == [2, 2]
+    assert all(ri.target_calls == 1 for ri in idx)
+
+
+def test_rejects_unrelated_targets(models):
+    draft, target = models
+    idx = [RescoredIndex(ListIndex(draft, 6), target), RescoredIndex(ListIndex(draft, 6), draft)]
+    with pytest.raises(ValueError, match="one and the same"):
+        rescore_many(idx, 2)
+    with pytest.raises(ValueError, match="non-empty"):
+        rescore_many([], 2)
