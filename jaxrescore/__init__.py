@@ -6,8 +6,8 @@ provably the target's true top-k under an assumed draft/target gap.
 """
 
 from jaxrescore.quantize import Quantizer
-from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore
+from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore, rescore_many
 from jaxrescore.sequences import SequenceBatch
 
-__all__ = ["GapCarry", "Quantizer", "RescoreResult", "RescoredIndex", "SequenceBatch", "init_carry", "rescore"]
+__all__ = ["GapCarry", "Quantizer", "RescoreResult", "RescoredIndex", "SequenceBatch", "init_carry", "rescore", "rescore_many"]
 __version__ = "0.1.0"

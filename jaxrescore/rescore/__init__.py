@@ -2,5 +2,6 @@
 
 from jaxrescore.rescore.core import GapCarry, RescoreOutput, init_carry, rescore, rescore_sweep
 from jaxrescore.rescore.index import RescoredIndex, RescoreResult
+from jaxrescore.rescore.many import rescore_many
 
-__all__ = ["GapCarry", "RescoreOutput", "RescoreResult", "RescoredIndex", "init_carry", "rescore", "rescore_sweep"]
+__all__ = ["GapCarry", "RescoreOutput", "RescoreResult", "RescoredIndex", "init_carry", "rescore", "rescore_many", "rescore_sweep"]
