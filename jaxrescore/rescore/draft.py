@@ -11,9 +11,10 @@ What is trusted, in order (DESIGN.md §4):
    reports ``truncated`` and ``dropped_upper`` and ``dropped_upper == 0``. Every sequence ranked
    after the edge item then has a structural bucket at least the edge item's: computed by
    ``index.model.structural_fine_bucket(seq, quantizer)`` when available, else lower-bounded by
-   ``fine_bucket(edge lp) - max_len`` (a sum of per-step floors is at least the floor of the sum
-   minus the number of steps). The reference library's own rule, the bucket of the edge item's
-   TOTAL score, misses exactly that per-step slack.
+   ``fine_bucket(edge lp) - max_len`` (a sum of ``n`` per-step floors is at least the floor of the
+   sum minus ``n - 1``, and ``n <= max_len + 1`` in case ``max_len`` leaves out the EOS step).
+   The reference library's own rule, the bucket of the edge item's TOTAL score, misses exactly
+   that per-step slack.
 4. Anything else (no quantizer, no truncation report, dropped sequences) offers no bound: NaN, and
    certification answers False with the reason.
 """
@@ -116,14 +117,16 @@ class DraftView:
         except (AttributeError, TypeError, ValueError):
             return DraftBound(math.nan, "the draft index's quantizer has no usable bin_width_bits/oversample")
         model = getattr(idx, "model", None)
-        max_steps = getattr(model, "max_len", None) or _UNKNOWN_MAX_STEPS
+        # +1: a foreign model's max_len may leave out its EOS step.
+        max_steps = getattr(model, "max_len", None)
+        max_steps = _UNKNOWN_MAX_STEPS if max_steps is None else int(max_steps) + 1
         edge_seq, edge_lp = pull.seqs[n - 1], float(pull.draft_lps[n - 1])
         structural = getattr(model, "structural_fine_bucket", None)
         if callable(structural):
             fb = int(structural(edge_seq, quantizer))
             how = "the edge item's structural bucket"
         elif math.isfinite(edge_lp):
-            fb = int(q.fine_bucket(edge_lp)) - int(max_steps)
+            fb = int(q.fine_bucket(edge_lp)) - (max_steps - 1)
             how = "the edge item's fine bucket minus max_len"
         else:
             return DraftBound(math.nan, "the edge item's draft score is not finite: no bucket to bound from")
