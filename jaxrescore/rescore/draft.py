@@ -9,12 +9,12 @@ What is trusted, in order (DESIGN.md §4):
 3. A foreign index with only a ``.quantizer`` (e.g. the reference library's SeekIndex) is trusted as
    ordered by structural fine bucket (the sum of per-step buckets, ``TOL = 1e-9``) only if it
    reports ``truncated`` and ``dropped_upper`` and ``dropped_upper == 0``. Every sequence ranked
-   after the edge item then has a structural bucket at least the edge item's: computed by
-   ``index.model.structural_fine_bucket(seq, quantizer)`` when available, else lower-bounded by
+   after the edge item then has a structural bucket at least the edge item's, which is at least
    ``fine_bucket(edge lp) - max_len`` (a sum of ``n`` per-step floors is at least the floor of the
    sum minus ``n - 1``, and ``n <= max_len + 1`` in case ``max_len`` leaves out the EOS step).
    The reference library's own rule, the bucket of the edge item's TOTAL score, misses exactly
-   that per-step slack.
+   that per-step slack; its model's ``structural_fine_bucket`` is also the bucket of the total
+   (not the per-step sum its index orders by), so it is not trusted either.
 4. Anything else (no quantizer, no truncation report, dropped sequences) offers no bound: NaN, and
    certification answers False with the reason.
 """
@@ -28,7 +28,8 @@ import numpy as np
 
 from jaxrescore.quantize import Quantizer
 
-# Steps assumed for the TOL slack of a foreign index whose model does not say its max_len.
+# Steps assumed for a foreign index whose model does not say its max_len: the bound it gives is
+# then too loose to certify anything, which is the honest answer.
 _UNKNOWN_MAX_STEPS = 1 << 20
 
 
@@ -120,14 +121,11 @@ class DraftView:
         # +1: a foreign model's max_len may leave out its EOS step.
         max_steps = getattr(model, "max_len", None)
         max_steps = _UNKNOWN_MAX_STEPS if max_steps is None else int(max_steps) + 1
-        edge_seq, edge_lp = pull.seqs[n - 1], float(pull.draft_lps[n - 1])
-        structural = getattr(model, "structural_fine_bucket", None)
-        if callable(structural):
-            fb = int(structural(edge_seq, quantizer))
-            how = "the edge item's structural bucket"
-        elif math.isfinite(edge_lp):
-            fb = int(q.fine_bucket(edge_lp)) - (max_steps - 1)
-            how = "the edge item's fine bucket minus max_len"
-        else:
+        edge_lp = float(pull.draft_lps[n - 1])
+        if not math.isfinite(edge_lp):
             return DraftBound(math.nan, "the edge item's draft score is not finite: no bucket to bound from")
-        return DraftBound(float(q.edge(max(fb, 0), max_steps)), f"{how} (foreign index, trusted as bucket-ordered)")
+        fb = int(q.fine_bucket(edge_lp)) - (max_steps - 1)
+        return DraftBound(
+            float(q.edge(max(fb, 0), max_steps)),
+            "the edge item's fine bucket minus max_len (foreign index, trusted as bucket-ordered)",
+        )
