@@ -1,0 +1,5 @@
+"""Draft indexes: random access by rank into a model's support."""
+
+from jaxrescore.index.seek import SeekIndex
+
+__all__ = ["SeekIndex"]

@@ -1,0 +1,257 @@
+"""CallableModel: a plain Python function as an AutoregressiveEnumerable.
+
+Two forms of ``fn`` are accepted:
+
+* per-prefix (the reference library's form): ``fn(prefix: tuple[int, ...])`` returns the next-token
+  table either as a ``(tokens, log_probs)`` pair of numpy arrays or as a list of ``(token, log_prob)``
+  pairs. Tokens left out have log-prob ``-inf``. ``vocab_size`` may be omitted: it is then inferred
+  as one plus the largest token id (or ``eos``) any table has returned so far, so it only grows, and
+  a row returned early may be narrower than a later one (a consumer reads the width off each row).
+* batched (``batched=True``): ``fn(prefixes: int32[B, T], lengths: int32[B]) -> float[B, V]``, row
+  ``b`` the log-softmax after ``prefixes[b, :lengths[b]]``; ``vocab_size`` is required.
+
+Every table is checked before use: a NaN, a log-prob above ``SIGN_TOL`` (float noise above 0 is
+tolerated, the index clips it), a duplicate or out-of-range token, a wrong shape, or a table whose
+``logsumexp`` is more than ``NORM_TOL`` from 0 (not a distribution) raises ``ValueError`` naming the
+prefix and what is wrong. The batched check is a few vectorised passes over the ``[B, V]`` block,
+cheap next to any forward that produced it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import numpy as np
+
+from jaxrescore.sequences import as_sequence_batch, bucket_size
+
+# log-probs up to this far above 0 are float noise of a log_softmax, not a broken model.
+SIGN_TOL = 1e-5
+# |logsumexp| allowed for one step table: loose enough for a bfloat16 log_softmax over a large vocab,
+# tight enough to reject a truncated or unnormalised table.
+NORM_TOL = 2e-2
+# Rows per call of a batched fn when scoring sequences (padded to a power of two).
+SCORE_CHUNK = 4096
+
+
+def _positive_int(value, name: str, *, allow_none: bool = False, minimum: int = 1):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class CallableModel:
+    """An autoregressive model given by a next-token function (see the module docstring).
+
+    Args:
+      fn: the next-token function, per-prefix or batched.
+      vocab_size: V; required when ``batched``, inferred (and growing) otherwise when omitted.
+      max_len: the longest sequence in the support, EOS included (fixed-length models: the length).
+      eos: end-of-sequence token id; when set the model terminates and only EOS-ended sequences of at
+        most ``max_len`` tokens are in the support.
+      batched: whether ``fn`` takes padded batches (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        vocab_size: int | None = None,
+        max_len: int,
+        eos: int | None = None,
+        batched: bool = False,
+    ):
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self.max_len = _positive_int(max_len, "max_len")
+        self.eos = _positive_int(eos, "eos", allow_none=True, minimum=0)
+        vocab = _positive_int(vocab_size, "vocab_size", allow_none=True)
+        if batched and vocab is None:
+            raise ValueError("vocab_size is required when batched=True (the [B, V] rows need a width)")
+        if vocab is not None and self.eos is not None and self.eos >= vocab:
+            raise ValueError(f"eos={self.eos} is not a token id below vocab_size={vocab}")
+        self.fn = fn
+        self.batched = bool(batched)
+        self.vocab_inferred = vocab is None
+        self._vocab = vocab if vocab is not None else (0 if self.eos is None else self.eos + 1)
+
+    @property
+    def vocab_size(self) -> int:
+        """V. With an inferred vocabulary: 1 + the largest token id seen so far (grows)."""
+        return self._vocab
+
+    # -- next-token tables -------------------------------------------------------------------------
+
+    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+        """Next-token log-probs ``float32[B, V]`` after each prefix, ``-inf`` for absent tokens.
+
+        Args:
+          prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
+          lengths: int32[B], each in ``[0, T]``.
+        """
+        prefixes = np.asarray(prefixes)
+        lengths = np.asarray(lengths)
+        if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
+            raise ValueError(
+                f"prefixes must be int[B, T] and lengths int[B], got shapes {prefixes.shape} and "
+                f"{lengths.shape}"
+            )
+        if lengths.size and (lengths.min() < 0 or lengths.max() > prefixes.shape[1]):
+            raise ValueError(f"lengths must lie in [0, {prefixes.shape[1]}], got {lengths.tolist()}")
+        if self.batched:
+            return self._batched_rows(prefixes.astype(np.int32), lengths.astype(np.int32))
+        return self._per_prefix_rows(prefixes, lengths)
+
+    def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        rows = np.asarray(self.fn(prefixes, lengths))
+        want = (prefixes.shape[0], self._vocab)
+        if rows.shape != want:
+            raise ValueError(f"batched fn returned shape {rows.shape}, expected [B, V] = {want}")
+        if not np.issubdtype(rows.dtype, np.floating):
+            raise ValueError(f"batched fn returned dtype {rows.dtype}, expected floating log-probs")
+        rows = rows.astype(np.float32, copy=False)
+        _check_rows(rows, lambda b: tuple(prefixes[b, : lengths[b]].tolist()))
+        return rows
+
+    def _per_prefix_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        keys = [tuple(prefixes[b, : lengths[b]].tolist()) for b in range(prefixes.shape[0])]
+        tables = {}
+        for key in keys:  # padding rows and shared prefixes call fn once
+            if key not in tables:
+                tables[key] = self._parse_table(self.fn(key), key)
+        width = self._vocab
+        rows = np.full((len(keys), width), -np.inf, np.float32)
+        for b, key in enumerate(keys):
+            toks, lps = tables[key]
+            rows[b, toks] = lps
+        return rows
+
+    def _parse_table(self, raw, prefix: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """One per-prefix table as ``(tokens int64[K], log_probs float32[K])``, validated."""
+        if isinstance(raw, tuple) and len(raw) == 2 and isinstance(raw[0], np.ndarray):
+            toks, lps = np.asarray(raw[0]), np.asarray(raw[1])
+            if toks.ndim != 1 or toks.shape != lps.shape:
+                raise ValueError(
+                    f"fn{prefix!r} returned (tokens, log_probs) of shapes {toks.shape} and "
+                    f"{lps.shape}; expected two 1-D arrays of equal length"
+                )
+        else:
+            try:
+                pairs = [(t, lp) for t, lp in raw]
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"fn{prefix!r} returned {type(raw).__name__}; expected a (tokens, log_probs) pair "
+                    "of numpy arrays or a list of (token, log_prob) pairs"
+                ) from None
+            toks = np.array([t for t, _ in pairs])
+            lps = np.array([lp for _, lp in pairs], dtype=np.float64)
+        if toks.size and not np.issubdtype(toks.dtype, np.integer):
+            raise ValueError(f"fn{prefix!r} returned non-integer tokens {toks[:5].tolist()}")
+        toks = toks.astype(np.int64)
+        if toks.size and toks.min() < 0:
+            raise ValueError(f"fn{prefix!r} returned negative token ids {toks[toks < 0][:5].tolist()}")
+        if not self.vocab_inferred and toks.size and toks.max() >= self._vocab:
+            bad = toks[toks >= self._vocab][:5].tolist()
+            raise ValueError(f"fn{prefix!r} returned token ids {bad} outside [0, {self._vocab})")
+        if np.unique(toks).size != toks.size:
+            uniq, counts = np.unique(toks, return_counts=True)
+            raise ValueError(f"fn{prefix!r} returned duplicate tokens {uniq[counts > 1][:5].tolist()}")
+        lps = lps.astype(np.float32)
+        row = np.full((1, toks.size), -np.inf, np.float32)
+        row[0] = lps
+        _check_rows(row, lambda b: prefix)
+        if toks.size:
+            self._vocab = max(self._vocab, int(toks.max()) + 1)
+        return toks, lps
+
+    # -- whole sequences ---------------------------------------------------------------------------
+
+    def in_support(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """bool[N]: the structural support rule (length, EOS placement) for padded sequences."""
+        tokens = np.asarray(tokens)
+        lengths = np.asarray(lengths)
+        if self.eos is None:
+            return lengths == self.max_len
+        pos = np.arange(tokens.shape[1])[None, :]
+        is_eos = (tokens == self.eos) & (pos < lengths[:, None])
+        last = np.where(lengths > 0, tokens[np.arange(len(lengths)), np.maximum(lengths - 1, 0)], -1)
+        return (lengths >= 1) & (lengths <= self.max_len) & (last == self.eos) & (is_eos.sum(1) == 1)
+
+    def score_sequences(self, seqs) -> np.ndarray:
+        """Log-probs ``float64[N]``: the float64 sum of the model's per-step log-probs (EOS step
+        included); ``-inf`` for a sequence outside the support.
+
+        Args:
+          seqs: a SequenceBatch, a ``(tokens, lengths)`` pair, an int[N, T] array or a list of token
+            sequences.
+        """
+        batch = as_sequence_batch(seqs)
+        toks, lens = np.asarray(batch.tokens), np.asarray(batch.lengths)
+        n = toks.shape[0]
+        ok = self.in_support(toks, lens)
+        # one row per (sequence, position) step of every in-support sequence
+        seq_idx, pos = np.nonzero(ok[:, None] & (np.arange(toks.shape[1])[None, :] < lens[:, None]))
+        out = np.full(n, -np.inf)
+        out[ok] = 0.0
+        for lo in range(0, seq_idx.size, SCORE_CHUNK):
+            s, p = seq_idx[lo : lo + SCORE_CHUNK], pos[lo : lo + SCORE_CHUNK]
+            rows = self._score_rows(toks[s], p)
+            nxt = toks[s, p]
+            width = rows.shape[1]
+            step = np.full(s.size, -np.inf)
+            inside = nxt < width
+            step[inside] = rows[np.nonzero(inside)[0], nxt[inside]]
+            np.add.at(out, s, step)
+        return out
+
+    def _score_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Rows for ``prefixes[b, :lengths[b]]``; batched calls are padded to power-of-two shapes."""
+        if not self.batched:
+            return self.next_logprobs(prefixes, lengths)
+        b = prefixes.shape[0]
+        t = max(int(lengths.max(initial=0)), 1)
+        rows_b, len_t = bucket_size(b), bucket_size(t)
+        padded = np.zeros((rows_b, len_t), np.int32)
+        padded[:b, :t] = prefixes[:, :t]
+        plen = np.zeros(rows_b, np.int32)
+        plen[:b] = lengths
+        return self.next_logprobs(padded, plen)[:b]
+
+    def log_density(self, seq) -> float:
+        """The log-prob of one token sequence (``-inf`` outside the support)."""
+        return float(self.score_sequences([tuple(seq)])[0])
+
+
+def _check_rows(rows: np.ndarray, prefix_of: Callable[[int], tuple]) -> None:
+    """Raise ValueError unless every row of ``rows: float32[B, V]`` is a log-distribution."""
+    if rows.size == 0 and rows.shape[0] == 0:
+        return
+    bad = np.isnan(rows).any(axis=1) if rows.size else np.zeros(rows.shape[0], bool)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(f"next-token log-probs after prefix {prefix_of(b)} contain NaN")
+    top = rows.max(axis=1) if rows.shape[1] else np.full(rows.shape[0], -np.inf, np.float32)
+    if (top > SIGN_TOL).any():
+        b = int(np.argmax(top > SIGN_TOL))
+        raise ValueError(
+            f"next-token log-prob {float(top[b])!r} > 0 after prefix {prefix_of(b)}; log-probs must be <= 0"
+        )
+    if not np.isfinite(top).all():
+        b = int(np.argmax(~np.isfinite(top)))
+        raise ValueError(
+            f"next-token table after prefix {prefix_of(b)} gives every token log-prob -inf; "
+            "expected a distribution"
+        )
+    with np.errstate(under="ignore"):
+        lse = top + np.log(np.exp(rows - top[:, None]).sum(axis=1, dtype=np.float64))
+    off = np.abs(lse) > NORM_TOL
+    if off.any():
+        b = int(np.argmax(off))
+        raise ValueError(
+            f"next-token table after prefix {prefix_of(b)} is not a distribution: logsumexp = "
+            f"{float(lse[b]):.6g} (probabilities sum to {float(np.exp(lse[b])):.6g}), expected 0 within "
+            f"{NORM_TOL}"
+        )
