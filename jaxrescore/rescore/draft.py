@@ -56,6 +56,8 @@ class DraftBound(NamedTuple):
 
 
 def _as_tuple(seq) -> tuple:
+    if type(seq) is tuple:  # the common case (our SeekIndex): already a tuple, skip the copy
+        return seq
     return tuple(int(x) for x in np.asarray(seq).reshape(-1))
 
 
