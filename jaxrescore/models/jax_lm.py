@@ -78,6 +78,20 @@ def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int, what: str 
         )
 
 
+def check_eos_terminated(batch: SequenceBatch, eos: int, what: str) -> None:
+    """ValueError unless every row ends with ``eos`` and has no earlier ``eos``."""
+    n = batch.size
+    last = batch.tokens[np.arange(n), np.maximum(batch.lengths - 1, 0)]
+    bad = np.flatnonzero((batch.lengths == 0) | (last != eos))
+    if bad.size:
+        raise ValueError(f"{what}[{bad[0]}] does not end with eos={eos}; every sequence must")
+    early = batch.mask & (batch.tokens == eos)
+    early[np.arange(n), batch.lengths - 1] = False
+    bad = np.flatnonzero(early.any(axis=1))
+    if bad.size:
+        raise ValueError(f"{what}[{bad[0]}] contains eos={eos} before its end")
+
+
 def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
     """bool[N, width]: the steps counted in a score (real, and not among the first ``skip[i]``)."""
     n = batch.size
@@ -186,10 +200,15 @@ class JaxLM(DeviceBatched):
         self.mesh = check_mesh(mesh)
         self._placed = None  # (params object, mesh, replicated params)
 
-    def _length_bucket(self, length: int) -> int:
+    trainable = True  # whether train_lm / distill may update ``params``
+    uses_dropout = False  # whether ``apply(params, tokens, key)`` applies dropout in training
+
+    def length_bucket(self, length: int) -> int:
+        """The padded width for sequences of up to ``length`` tokens: a power of two (>= 8)
+        capped at ``max_len``."""
         return min(bucket_size(max(length, 1), 8), self.max_len)
 
-    def _teacher_inputs(self, batch: SequenceBatch, width: int):
+    def teacher_inputs(self, batch: SequenceBatch, width: int):
         """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width]."""
         toks = np.zeros((batch.size, width), np.int32)
         t = min(width, batch.tokens.shape[1])
@@ -206,10 +225,10 @@ class JaxLM(DeviceBatched):
         longest length; entries at padding positions are meaningless, mask them)."""
         batch = as_sequence_batch(seqs)
         check_tokens(batch, self.vocab_size, self.max_len)
-        width = self._length_bucket(int(batch.lengths.max(initial=0)))
+        width = self.length_bucket(int(batch.lengths.max(initial=0)))
         if batch.size == 0:
             return batch, np.zeros((0, width), np.float32)
-        inputs, targets = self._teacher_inputs(batch, width)
+        inputs, targets = self.teacher_inputs(batch, width)
         return batch, self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
 
     def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
@@ -217,8 +236,8 @@ class JaxLM(DeviceBatched):
         (row ``j`` is ``log p(. | tokens[:j])``; rows at padding positions are meaningless)."""
         batch = as_sequence_batch(seqs)
         check_tokens(batch, self.vocab_size, self.max_len)
-        width = self._length_bucket(int(batch.lengths.max(initial=0)))
-        inputs, _ = self._teacher_inputs(batch, width)
+        width = self.length_bucket(int(batch.lengths.max(initial=0)))
+        inputs, _ = self.teacher_inputs(batch, width)
         if batch.size == 0:
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
         return batch, self._chunked(partial(_all_logprobs, self.apply), inputs)
@@ -246,6 +265,6 @@ class JaxLM(DeviceBatched):
         check_tokens(batch, self.vocab_size, self.max_len, what="prefixes")
         if batch.size == 0:
             return np.zeros((0, self.vocab_size), np.float32)
-        width = self._length_bucket(int(lengths.max()) + 1)
-        inputs, _ = self._teacher_inputs(batch, width)
+        width = self.length_bucket(int(lengths.max()) + 1)
+        inputs, _ = self.teacher_inputs(batch, width)
         return self._chunked(partial(_last_logprobs, self.apply), inputs, lengths)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.jax_lm import DeviceBatched, check_mesh, check_tokens
+from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 
 
@@ -267,7 +267,7 @@ def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights)
                 f"(eos=None) needs every sequence to have max_len={max_len} tokens"
             )
     else:
-        _check_eos_terminated(batch, eos, "sequences")
+        check_eos_terminated(batch, eos, "sequences")
     n = batch.size
     w = np.ones(n) if weights is None else np.asarray(weights, np.float64).reshape(-1)
     if w.shape != (n,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
@@ -275,17 +275,3 @@ def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights)
             f"weights must be {n} finite non-negative numbers, not all zero; got shape {w.shape}"
         )
     return batch, w, max_len
-
-
-def _check_eos_terminated(batch: SequenceBatch, eos: int, what: str) -> None:
-    """ValueError unless every row ends with ``eos`` and has no earlier ``eos``."""
-    n = batch.size
-    last = batch.tokens[np.arange(n), np.maximum(batch.lengths - 1, 0)]
-    bad = np.flatnonzero((batch.lengths == 0) | (last != eos))
-    if bad.size:
-        raise ValueError(f"{what}[{bad[0]}] does not end with eos={eos}; every sequence must")
-    early = batch.mask & (batch.tokens == eos)
-    early[np.arange(n), batch.lengths - 1] = False
-    bad = np.flatnonzero(early.any(axis=1))
-    if bad.size:
-        raise ValueError(f"{what}[{bad[0]}] contains eos={eos} before its end")

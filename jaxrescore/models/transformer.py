@@ -192,6 +192,10 @@ class TransformerLM(JaxLM):
         )
 
     @property
+    def uses_dropout(self) -> bool:
+        return self.config.dropout > 0
+
+    @property
     def n_params(self) -> int:
         return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
 

@@ -1,0 +1,53 @@
+"""from_apply_fn: any JAX language-model function as an enumerable model."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrescore.models.jax_lm import JaxLM
+
+
+class ApplyFnLM(JaxLM):
+    """A model given as ``apply_fn(params, tokens int32[B, T]) -> logits[B, T, V]`` (see
+    :func:`from_apply_fn`). ``params`` can be replaced (or trained with ``train_lm``)."""
+
+    def __repr__(self) -> str:
+        name = getattr(self.apply, "__name__", type(self.apply).__name__)
+        return f"ApplyFnLM({name}, V={self.vocab_size}, max_len={self.max_len}, eos={self.eos})"
+
+
+def from_apply_fn(apply_fn, params, *, vocab_size: int, bos_id: int, max_len: int, eos=None, mesh=None):
+    """Wrap a JAX LM function as an AutoregressiveEnumerable.
+
+    Args:
+      apply_fn: pure, causal ``(params, tokens int32[B, T]) -> logits float[B, T, V]``, where
+        ``tokens[:, 0] == bos_id`` and position ``j``'s logits predict the sequence's token ``j``.
+        It is jitted with ``params`` as an argument (hashable; keep one function object per model
+        to reuse compiles).
+      params: its weights pytree.
+      vocab_size: V (logits' last axis).
+      bos_id: the id fed at position 0 (e.g. V for an extra embedding row).
+      max_len: the longest sequence in the support, EOS included.
+      eos: end-of-sequence id, or None for fixed-length sequences of ``max_len`` tokens.
+      mesh: optional ``jax.sharding.Mesh``: data-parallel forwards.
+    """
+    if not callable(apply_fn):
+        raise TypeError(f"apply_fn must be callable, got {type(apply_fn).__name__}")
+    for name, v in (("vocab_size", vocab_size), ("max_len", max_len)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not isinstance(bos_id, (int, np.integer)) or bos_id < 0:
+        raise ValueError(f"bos_id must be a non-negative int, got {bos_id!r}")
+    if eos is not None and not 0 <= eos < vocab_size:
+        raise ValueError(f"eos={eos} must be None or in [0, {vocab_size})")
+    probe = jax.ShapeDtypeStruct((1, 2), np.int32)
+    out = jax.eval_shape(apply_fn, params, probe)
+    if getattr(out, "shape", None) != (1, 2, vocab_size):
+        raise ValueError(
+            f"apply_fn(params, int32[1, 2]) must return logits of shape (1, 2, {vocab_size}), "
+            f"got {getattr(out, 'shape', type(out).__name__)}"
+        )
+    return ApplyFnLM(
+        apply_fn, params, vocab_size=vocab_size, eos=eos, max_len=max_len, bos_id=bos_id, mesh=mesh
+    )

@@ -1,0 +1,44 @@
+"""Ancestral sampling from any model of the protocol: one batched ``next_logprobs`` call per step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrescore.sequences import SequenceBatch
+
+
+def sample_sequences(model, n: int, *, seed: int = 0) -> SequenceBatch:
+    """``n`` sequences drawn token by token from ``model`` (host float64 inverse-CDF sampling).
+
+    A terminating model's row stops at its first ``eos``; a row that reaches ``max_len - 1``
+    tokens without one is closed with ``eos``, so every sample lies in the model's support
+    (such rows are drawn from the model truncated at ``max_len``). A fixed-length model's rows
+    have exactly ``max_len`` tokens.
+
+    Returns:
+      SequenceBatch with tokens int32[n, max_len] and lengths int32[n].
+    """
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    rng = np.random.default_rng(seed)
+    t = model.max_len
+    tokens = np.zeros((n, t), np.int32)
+    lengths = np.full(n, t, np.int32)
+    alive = np.ones(n, bool)
+    for j in range(t):
+        if model.eos is not None and j == t - 1:
+            tokens[alive, j] = model.eos
+            break
+        # Finished rows ride along, so every step has the same batch shape (fewer compiles).
+        lp = model.next_logprobs(tokens[:, : max(j, 1)], np.full(n, j, np.int32))
+        cdf = np.cumsum(np.exp(lp.astype(np.float64)), axis=1)
+        u = rng.random(n) * cdf[:, -1]
+        tok = np.minimum((cdf < u[:, None]).sum(axis=1), model.vocab_size - 1)
+        tokens[alive, j] = tok[alive]
+        if model.eos is not None:
+            done = alive & (tok == model.eos)
+            lengths[done] = j + 1
+            alive &= ~done
+            if not alive.any():
+                break
+    return SequenceBatch(tokens, lengths)
