@@ -259,9 +259,7 @@ class SeekIndex:
             pending[0].append(np.zeros(1, np.int64))
         frontier = NO_BUCKET
         for ids, rows in zip(self._row_ids, self._rows):
-            child_fb, steps = self._children(ids, rows)
-            frontier = min(frontier, _masked_min(child_fb, (child_fb > budget) & np.isfinite(rows)))
-            self._admit(ids, rows, steps, child_fb, (child_fb > old) & (child_fb <= budget), pending)
+            frontier = min(frontier, self._admit(ids, rows, old, budget, pending))
         with tqdm(
             unit="rows",
             desc="SeekIndex build",
@@ -279,9 +277,7 @@ class SeekIndex:
                     rows = self._cut(ids, depth, self._forward(ids, depth))
                     self._row_ids.append(ids)
                     self._rows.append(rows)
-                    child_fb, steps = self._children(ids, rows)
-                    frontier = min(frontier, _masked_min(child_fb, (child_fb > budget) & np.isfinite(rows)))
-                    self._admit(ids, rows, steps, child_fb, child_fb <= budget, pending)
+                    frontier = min(frontier, self._admit(ids, rows, -1, budget, pending))
                     bar.update(ids.size)
                     bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}")
         self._frontier_min = frontier
@@ -290,35 +286,63 @@ class SeekIndex:
         self._consolidate_rows()
         self._rank()
 
-    def _children(self, ids: np.ndarray, rows: np.ndarray):
-        """Cumulative buckets int64[b, V] and clipped step log-probs float64[b, V] of all children."""
-        steps = np.minimum(rows.astype(np.float64), 0.0)
-        child_fb = self._nodes.fb[ids][:, None] + self.quantizer.step_buckets(steps)
-        return child_fb, steps
+    def _step_buckets(self, rows: np.ndarray) -> np.ndarray:
+        """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
+        return self.quantizer.step_buckets(np.minimum(rows.astype(np.float64), 0.0))
 
-    def _admit(self, ids, rows, steps, child_fb, mask, pending) -> None:
-        """Append the children selected by ``mask: bool[b, V]`` (row-major: by parent, then token)."""
-        r, tok = np.nonzero(mask)
-        if r.size == 0:
-            return
+    def _admit(self, ids, rows, lo: int, hi: int, pending) -> int:
+        """Append the children of nodes ``ids`` (next-token rows ``rows: float32[b, V]``) whose
+        bucket lies in ``(lo, hi]``, in row-major order (by parent, then token); queue the live ones
+        in ``pending`` by depth. Returns the smallest bucket of a finite child beyond ``hi``.
+
+        Only cells that can fit are bucketed exactly: a step fits a remaining budget ``R`` only if
+        its log-prob exceeds ``-(R + 1) / scale * ln 2``, so a float32 compare against a slightly
+        lower threshold (for ``R + 1``, to see the first bucket beyond too) picks the candidates.
+        When no candidate lands in bucket ``hi + 1``, the best cell left out gives the frontier."""
+        nd = self._nodes
+        parent_fb = nd.fb[ids]
+        thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
+        thr = np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
+        cand = rows >= thr[:, None]
+        r, tok = np.divmod(np.flatnonzero(cand), rows.shape[1])
+        raw = rows[r, tok]
+        fb = parent_fb[r] + self._step_buckets(raw)
+        over = fb > hi
+        frontier = int(fb[over].min()) if over.any() else NO_BUCKET
+        if frontier > hi + 1:  # the first bucket beyond is empty here: look at the rest
+            best_out = np.where(cand, np.float32(-np.inf), rows).max(axis=1)
+            out = np.isfinite(best_out)
+            if out.any():
+                frontier = min(frontier, int((parent_fb[out] + self._step_buckets(best_out[out])).min()))
+        keep = ~over & (fb > lo)
+        if not keep.any():
+            return frontier
+        r, tok, raw, fb = r[keep], tok[keep], raw[keep], fb[keep]
+        # siblings in index order (likelier first, then token): a one-pass build then creates
+        # every depth already sorted, and _rank's sorts find their input in order
+        order = _sort_keys(r, _cost(raw), tok)
+        r, tok, raw, fb = r[order], tok[order], raw[order], fb[order]
         parent = ids[r]
-        depth = self._nodes.depth[parent] + 1
-        if self.eos is None:
-            terminal = depth == self.max_len
-        else:
-            terminal = tok == self.eos
-        new = self._nodes.add(
+        depth = nd.depth[parent] + 1
+        terminal = depth == self.max_len if self.eos is None else tok == self.eos
+        new = nd.add(
             parent=parent,
             token=tok,
             depth=depth,
-            fb=child_fb[r, tok],
-            lp=self._nodes.lp[parent] + steps[r, tok],
-            step=rows[r, tok],
+            fb=fb,
+            lp=nd.lp[parent] + np.minimum(raw.astype(np.float64), 0.0),
+            step=raw,
             terminal=terminal,
         )
         live = ~terminal
-        for d in np.unique(depth[live]):
-            pending[int(d)].append(new[live & (depth == d)])
+        d0 = int(depth[0])
+        if (depth == d0).all():
+            if live.any():
+                pending[d0].append(new[live])
+        else:
+            for d in np.unique(depth[live]):
+                pending[int(d)].append(new[live & (depth == d)])
+        return frontier
 
     def _forward(self, ids: np.ndarray, depth: int) -> np.ndarray:
         """The model's next-token rows float32[b, V] for the prefixes of nodes ``ids`` (all of
@@ -335,7 +359,7 @@ class SeekIndex:
                 "expected [B, V]"
             )
         rows = rows[:b].astype(np.float32)
-        if np.isnan(rows).any():
+        if np.isnan(rows.max(initial=-np.inf)):
             raise ValueError("model.next_logprobs returned NaN log-probs")
         self.forwards += b
         if depth == 0 and self._root_row is None:
@@ -345,25 +369,30 @@ class SeekIndex:
     def _cut(self, ids: np.ndarray, depth: int, rows: np.ndarray) -> np.ndarray:
         """Apply ``branch_cap`` and the ``max_len`` cut of a terminating model to fresh rows: the cut
         cells become -inf (so deepening never admits them) and their buckets feed ``_cut_min``."""
+        width = rows.shape[1]
+        capped = self.branch_cap is not None and width > self.branch_cap
+        at_max_len = self.eos is not None and depth + 1 == self.max_len
+        if not (capped or at_max_len):
+            return rows
         finite = np.isfinite(rows)
         cut = np.zeros_like(finite)
-        width = rows.shape[1]
-        if self.branch_cap is not None and width > self.branch_cap:
+        if capped:
             order = np.argsort(-rows, axis=1, kind="stable")[:, self.branch_cap :]
             dropped = np.zeros_like(finite)
             np.put_along_axis(dropped, order, True, axis=1)
             dropped &= finite
             self._dropped += self._completions(depth + 1, dropped, width)
             cut |= dropped
-        if self.eos is not None and depth + 1 == self.max_len:
+        if at_max_len:
             at_limit = finite.copy()
             if self.eos < width:
                 at_limit[:, self.eos] = False
             cut |= at_limit
         if not cut.any():
             return rows
-        child_fb, _ = self._children(ids, rows)
-        self._cut_min = min(self._cut_min, _masked_min(child_fb, cut))
+        r, tok = np.nonzero(cut)
+        cut_fb = self._nodes.fb[ids][r] + self._step_buckets(rows[r, tok])
+        self._cut_min = min(self._cut_min, int(cut_fb.min()))
         return np.where(cut, np.float32(-np.inf), rows)
 
     def _completions(self, depth: int, dropped: np.ndarray, width: int) -> int:
@@ -393,11 +422,11 @@ class SeekIndex:
         edges = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
         level_pos = np.zeros(nd.n, np.int64)
         levels = []
-        neg_step = -np.minimum(nd.step.astype(np.float64), 0.0)
+        cost = _cost(nd.step)
         for d in range(len(edges) - 1):
             ids = by_depth[edges[d] : edges[d + 1]]
             if d > 0:  # siblings together (parent order), likelier first, then token id
-                ids = ids[np.lexsort((nd.token[ids], neg_step[ids], level_pos[parent[ids]]))]
+                ids = ids[_sort_keys(level_pos[parent[ids]], cost[ids], nd.token[ids])]
             level_pos[ids] = np.arange(ids.size)
             levels.append(ids)
         leaves = nd.terminal.astype(np.int64)  # sequences below each node, bottom-up
@@ -415,7 +444,10 @@ class SeekIndex:
             group_first = np.maximum.accumulate(np.where(starts, np.arange(ids.size), 0))
             first[ids] = first[par] + before - before[group_first]
         seq = np.flatnonzero(nd.terminal)
-        seq = seq[np.lexsort((first[seq], nd.fb[seq]))]
+        dfs = np.empty_like(seq)
+        dfs[first[seq]] = seq  # leaves' first positions are a permutation of 0..len-1
+        fb = nd.fb[dfs]
+        seq = dfs[np.argsort(fb.astype(np.int16) if fb.max(initial=0) < 2**15 else fb, kind="stable")]
         self._seq_id = seq
         self._seq_fb = nd.fb[seq]
         self._seq_lp = nd.lp[seq]
@@ -625,8 +657,25 @@ class SeekIndex:
         return load_index(cls, path, model, progress=progress, chunk_rows=chunk_rows)
 
 
-def _masked_min(values: np.ndarray, mask: np.ndarray) -> int:
-    return int(values[mask].min()) if mask.any() else NO_BUCKET
+def _cost(step: np.ndarray) -> np.ndarray:
+    """int64 keys ordering float32 log-probs ``step`` from likeliest (clipped to <= 0) down: a
+    float32 >= 0 orders like its uint32 bits (+0.0 folds -0.0 into 0)."""
+    neg = np.maximum(-np.asarray(step, np.float32), np.float32(0)) + np.float32(0)
+    return neg.view(np.uint32).astype(np.int64)
+
+
+def _sort_keys(*keys: np.ndarray) -> np.ndarray:
+    """The permutation sorting by ``keys`` (non-negative ints, most significant first).
+
+    Packed into one int64 when their bit widths fit, which the stable sort does fast (nodes are
+    created nearly in order); np.lexsort otherwise."""
+    widths = [max(int(k.max(initial=0)), 1).bit_length() for k in keys]
+    if sum(widths) > 62:
+        return np.lexsort(keys[::-1])
+    packed = np.zeros(keys[0].size, np.int64)
+    for k, w in zip(keys, widths):
+        packed = (packed << w) | k.astype(np.int64)
+    return np.argsort(packed, kind="stable")
 
 
 def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:

@@ -226,32 +226,35 @@ class CallableModel:
 
 
 def _check_rows(rows: np.ndarray, prefix_of: Callable[[int], tuple]) -> None:
-    """Raise ValueError unless every row of ``rows: float32[B, V]`` is a log-distribution."""
-    if rows.size == 0 and rows.shape[0] == 0:
+    """Raise ValueError unless every row of ``rows: float32[B, V]`` is a log-distribution.
+
+    Three whole-block passes (max, exp, a row-sum matvec): once no entry exceeds ``SIGN_TOL``,
+    ``exp`` cannot overflow, and a row whose entries all underflow cannot sum to ~1 anyway."""
+    if rows.shape[0] == 0:
         return
-    bad = np.isnan(rows).any(axis=1) if rows.size else np.zeros(rows.shape[0], bool)
-    if bad.any():
-        b = int(np.argmax(bad))
+    top = rows.max() if rows.shape[1] else np.float32(-np.inf)
+    if np.isnan(top):
+        b = int(np.argmax(np.isnan(rows).any(axis=1)))
         raise ValueError(f"next-token log-probs after prefix {prefix_of(b)} contain NaN")
-    top = rows.max(axis=1) if rows.shape[1] else np.full(rows.shape[0], -np.inf, np.float32)
-    if (top > SIGN_TOL).any():
-        b = int(np.argmax(top > SIGN_TOL))
+    if top > SIGN_TOL:
+        b = int(np.argmax((rows > SIGN_TOL).any(axis=1)))
         raise ValueError(
-            f"next-token log-prob {float(top[b])!r} > 0 after prefix {prefix_of(b)}; log-probs must be <= 0"
+            f"next-token log-prob {float(rows[b].max())!r} > 0 after prefix {prefix_of(b)}; "
+            "log-probs must be <= 0"
         )
-    if not np.isfinite(top).all():
-        b = int(np.argmax(~np.isfinite(top)))
-        raise ValueError(
-            f"next-token table after prefix {prefix_of(b)} gives every token log-prob -inf; "
-            "expected a distribution"
-        )
-    with np.errstate(under="ignore"):
-        lse = top + np.log(np.exp(rows - top[:, None]).sum(axis=1, dtype=np.float64))
-    off = np.abs(lse) > NORM_TOL
+    with np.errstate(divide="ignore", under="ignore"):
+        mass = np.exp(rows) @ np.ones(rows.shape[1], np.float32)
+        lse = np.log(mass)
+    off = ~(np.abs(lse) <= NORM_TOL)
     if off.any():
         b = int(np.argmax(off))
+        if not np.isfinite(rows[b]).any():
+            raise ValueError(
+                f"next-token table after prefix {prefix_of(b)} gives every token log-prob -inf; "
+                "expected a distribution"
+            )
         raise ValueError(
             f"next-token table after prefix {prefix_of(b)} is not a distribution: logsumexp = "
-            f"{float(lse[b]):.6g} (probabilities sum to {float(np.exp(lse[b])):.6g}), expected 0 within "
+            f"{float(lse[b]):.6g} (probabilities sum to {float(mass[b]):.6g}), expected 0 within "
             f"{NORM_TOL}"
         )
