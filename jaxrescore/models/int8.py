@@ -37,11 +37,13 @@ def _quantize_leaf(path, w):
     name = str(getattr(path[-2], "key", "")) if len(path) >= 2 else ""
     if w.ndim != 2 or name not in ("kernel", "embedding"):
         return w
+    # On the host in numpy: eager per-leaf JAX ops would each compile.
+    w = np.asarray(w, np.float32)
     axis = 0 if name == "kernel" else 1  # reduce over inputs: one scale per output channel
-    amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True)
-    scale = jnp.where(amax > 0, amax / 127.0, 1.0).astype(jnp.float32)
-    q = jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
-    return QTensor(q, scale)
+    amax = np.max(np.abs(w), axis=axis, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    return QTensor(jnp.asarray(q), jnp.asarray(scale))
 
 
 def dequantize(qparams):

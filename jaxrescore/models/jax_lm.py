@@ -109,7 +109,7 @@ def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
 
 class DeviceBatched(PromptableMixin):
     """Host-side batching shared by device-backed models: row chunks of at most ``chunk_rows``,
-    padded to power-of-two row counts (a multiple of the mesh size), and, with a ``mesh``, the
+    padded to power-of-two row counts of at least ``min_rows`` (and a multiple of the mesh size), and, with a ``mesh``, the
     batch axis sharded over all mesh axes while ``params`` are replicated once per weights object.
 
     Subclasses set ``params`` (the pytree every device call receives) and ``mesh`` and implement
@@ -117,6 +117,9 @@ class DeviceBatched(PromptableMixin):
     """
 
     chunk_rows = 256
+    # Small calls are padded to at least this many rows: a few wasted rows cost far less than
+    # a compile per distinct small batch size.
+    min_rows = 32
 
     def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
         """``float64[N]`` log-probs of whole sequences, EOS step included, padding masked.
@@ -149,7 +152,7 @@ class DeviceBatched(PromptableMixin):
         return cached[2]
 
     def _rows_bucket(self, n: int) -> int:
-        rows = bucket_size(n, 8)
+        rows = bucket_size(n, self.min_rows)
         if self.mesh is not None:
             d = self.mesh.devices.size
             rows = -(-rows // d) * d
