@@ -323,3 +323,41 @@ def test_bucket_bound_is_never_violated(seed, vocab, length, terminating, cap, b
         bound = index.bucket_bound(n)
         assert bound >= max(beyond) if beyond else bound == -math.inf
     assert len(index) <= len(full)
+
+
+def test_a_model_error_midway_leaves_the_index_unchanged():
+    from jaxrescore.models.callable import CallableModel
+
+    good = make_model(4, 4, 31).fn
+    broken = {"on": False}
+
+    def fn(prefix):
+        if broken["on"] and len(prefix) == 3:
+            return [(0, 0.5)]
+        return good(prefix)
+
+    index = SeekIndex(CallableModel(fn, vocab_size=4, max_len=4), initial_bits=3.0, chunk_rows=2,
+                      progress=False)
+    before = (_all(index)[0], index.forwards, index.builds, index._budget, index._nodes.n)
+    broken["on"] = True
+    with pytest.raises(ValueError, match="log-probs must be <= 0"):
+        index.ensure_bits(30.0)
+    assert (_all(index)[0], index.forwards, index.builds, index._budget, index._nodes.n) == before
+    broken["on"] = False
+    index.ensure_bits(30.0)
+    fresh = SeekIndex(make_model(4, 4, 31), initial_bits=30.0, progress=False)
+    assert _all(index)[0] == _all(fresh)[0] and index.forwards == fresh.forwards
+
+
+def test_save_load_with_an_inferred_vocabulary(tmp_path):
+    from jaxrescore.models.callable import CallableModel
+
+    fn = make_model(4, 3, 41, style="edge").fn  # tables leave tokens out: rows of varying width
+    index = SeekIndex(CallableModel(fn, max_len=3), initial_bits=3.0, progress=False)
+    index.save(tmp_path / "i.npz")
+    fresh = CallableModel(fn, max_len=3)
+    loaded = SeekIndex.load(tmp_path / "i.npz", fresh)
+    assert _all(loaded)[0] == _all(index)[0]
+    index.ensure_count(10**6)
+    loaded.ensure_count(10**6)
+    assert _all(loaded)[0] == _all(index)[0] and loaded.exhausted

@@ -44,7 +44,8 @@ def save_index(index, path) -> None:
     path = os.fspath(path)
     nodes = index._nodes.export()
     width = max([r.shape[1] for r in index._rows], default=0)
-    rows = np.concatenate(index._rows) if index._rows else np.zeros((0, width), np.float32)
+    padded = [np.pad(r, ((0, 0), (0, width - r.shape[1])), constant_values=-np.inf) for r in index._rows]
+    rows = np.concatenate(padded) if padded else np.zeros((0, 0), np.float32)
     arrays = {f"node_{k}": v for k, v in nodes.items()}
     arrays["row_ids"] = np.concatenate(index._row_ids) if index._row_ids else np.zeros(0, np.int64)
     arrays["rows"] = rows

@@ -119,6 +119,9 @@ class SeekIndex:
       chunk_rows: prefixes per ``next_logprobs`` call.
 
     Counters: ``forwards`` (model rows evaluated, padding excluded), ``builds`` (build passes).
+
+    Memory: about 40 bytes per prefix-tree node plus the kept next-token row of every expanded
+    prefix, ``4 * V`` bytes each (what lets deepening skip forwards already paid for).
     """
 
     def __init__(
@@ -252,7 +255,20 @@ class SeekIndex:
         return max(b + step, self._frontier_min)
 
     def _grow(self, budget: int) -> None:
-        """One build pass: admit every child with bucket in (old budget, budget], level by level."""
+        """One build pass, all or nothing: a model error midway leaves the index as it was."""
+        saved = (self._nodes.n, len(self._rows), self._cut_min, self._dropped, self.forwards, self._root_row)
+        try:
+            self._grow_pass(budget)
+        except BaseException:
+            n_nodes, n_rows, self._cut_min, self._dropped, self.forwards, self._root_row = saved
+            self._nodes.n = n_nodes
+            del self._rows[n_rows:], self._row_ids[n_rows:]
+            raise
+        self._consolidate_rows()
+        self._rank()
+
+    def _grow_pass(self, budget: int) -> None:
+        """Admit every child with bucket in (old budget, budget], level by level."""
         old = self._budget
         pending: list[list[np.ndarray]] = [[] for _ in range(self.max_len + 1)]
         if old < 0:
@@ -283,8 +299,6 @@ class SeekIndex:
         self._frontier_min = frontier
         self._budget = budget
         self.builds += 1
-        self._consolidate_rows()
-        self._rank()
 
     def _step_buckets(self, rows: np.ndarray) -> np.ndarray:
         """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
