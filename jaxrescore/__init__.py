@@ -5,9 +5,20 @@ a query returns, in one batched teacher-forcing forward; a certificate says when
 provably the target's true top-k under an assumed draft/target gap.
 """
 
+from jaxrescore.index import SeekIndex
 from jaxrescore.quantize import Quantizer
 from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore, rescore_many
 from jaxrescore.sequences import SequenceBatch
 
-__all__ = ["GapCarry", "Quantizer", "RescoreResult", "RescoredIndex", "SequenceBatch", "init_carry", "rescore", "rescore_many"]
+__all__ = [
+    "GapCarry",
+    "Quantizer",
+    "RescoreResult",
+    "RescoredIndex",
+    "SeekIndex",
+    "SequenceBatch",
+    "init_carry",
+    "rescore",
+    "rescore_many",
+]
 __version__ = "0.1.0"

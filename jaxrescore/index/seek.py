@@ -295,7 +295,7 @@ class SeekIndex:
                     self._rows.append(rows)
                     frontier = min(frontier, self._admit(ids, rows, -1, budget, pending))
                     bar.update(ids.size)
-                    bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}")
+                    bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}", refresh=False)
         self._frontier_min = frontier
         self._budget = budget
         self.builds += 1
