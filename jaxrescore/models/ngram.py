@@ -69,6 +69,8 @@ class NGramLM(DeviceBatched):
       mesh: optional ``jax.sharding.Mesh`` sharding the batch axis of lookups.
     """
 
+    chunk_tokens = 1 << 20  # a gather has no activations to keep in cache: few big calls
+
     def __init__(self, table, context_keys, *, order, vocab_size, eos, max_len, discounts, mesh=None):
         self.params = jnp.asarray(table, jnp.float32)
         self._keys = [np.asarray(k, np.int64) for k in context_keys]
