@@ -73,7 +73,7 @@ def train_demo_target(
     model = TransformerLM(target_config(), seed=seed)
     done = 0
     for phase, (share, lr) in enumerate(TRAIN_PHASES):
-        n = steps - done if phase == len(TRAIN_PHASES) - 1 else max(1, round(share * steps))
+        n = steps - done if phase == len(TRAIN_PHASES) - 1 else max(1, int(share * steps))
         train_lm(
             model, seqs, weights=counts, steps=n, batch_size=TRAIN_BATCH, lr=lr,
             seed=seed + phase, progress=progress,

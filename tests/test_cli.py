@@ -1,0 +1,145 @@
+"""The ``jaxrescore`` command: demo (table and --json), prefix prompts, bad arguments, enumerate
+with saved models, train."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrescore.cli import main
+from jaxrescore.data import load_names
+
+
+def run_json(capsys, *argv):
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def demo_json():
+    """One default demo run (k=25, estimated gap, escalating window), shared by the tests."""
+    from jaxrescore.demo import run_demo
+
+    return run_demo(progress=False)
+
+
+def test_demo_default_is_certified_and_finds_real_names(demo_json):
+    out = demo_json
+    assert len(out["items"]) == 25
+    assert out["certified"] is True, out["reason"]
+    lps = [item["target_log_prob"] for item in out["items"]]
+    assert lps == sorted(lps, reverse=True)
+    worst = lps[-1]
+    assert worst >= out["bound"] + out["assumed_gap"]
+    # The gap estimate must cover the answers it certifies.
+    assert worst >= out["gap_region_lp"]
+    assert out["true_top_k_overlap"] >= 15
+    assert out["target_calls"] >= 1 and out["target_sequences"] >= 25
+    assert out["exact_target"]["forwards"] > 0
+
+
+def test_demo_json_via_console_module(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrescore", "demo", "--json", "--k", "5", "--window", "256"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("items", "certified", "bound", "gap", "reason", "target_calls", "target_sequences"):
+        assert key in out
+    assert [set(i) for i in out["items"]] == [{"text", "target_log_prob", "draft_log_prob"}] * 5
+    assert out["window"] == 256 and out["target_calls"] == 1
+    assert os.listdir(tmp_path / "jaxrescore" / "jax"), "the compilation cache was not enabled"
+
+
+def test_demo_table(capsys):
+    assert main(["demo", "--k", "3", "--window", "64", "--gap", "0.5"]) == 0
+    text = capsys.readouterr().out
+    assert "birth rank" in text and "certified:" in text and "given with --gap" in text
+    assert "exact target enumeration" in text
+
+
+def test_demo_prefix(capsys):
+    out = run_json(capsys, "demo", "--json", "--k", "5", "--prefix", "ma")
+    texts = [i["text"] for i in out["items"]]
+    assert len(texts) == 5 and all(t.startswith("ma") for t in texts)
+    commonest = [n for n, _ in load_names() if n.startswith("ma")][:5]
+    assert set(texts) & set(commonest)
+    # Log-probs are conditional on the prefix, so higher than the unconditional ones.
+    assert out["items"][0]["target_log_prob"] > -4
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["demo", "--k", "0"], "positive integer"),
+        (["demo", "--window", "-3"], "integer >= 0"),
+        (["demo", "--gap", "-1"], "finite number >= 0"),
+        (["demo", "--gap", "nan"], "finite number >= 0"),
+        (["demo", "--prefix", "Ma"], "lowercase letters"),
+        (["demo", "--prefix", "abcdefghijklmno"], "at most 14 letters"),
+        (["demo", "--bogus"], "unrecognized arguments"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+        (["enumerate", "--target", "/nonexistent.npz", "--draft", "/nonexistent.npz"], "no model file"),
+        (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1,a"], "comma-separated"),
+        (["train", "--steps", "0"], "positive integer"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    from jaxrescore.models.checkpoint import save_model
+    from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+
+    folder = tmp_path_factory.mktemp("models")
+    cfg = TransformerConfig(vocab_size=4, d_model=8, n_layers=1, n_heads=2, max_len=4, eos=3)
+    paths = []
+    for name, seed in (("target", 0), ("draft", 1)):
+        path = folder / f"{name}.npz"
+        save_model(TransformerLM(cfg, seed=seed), path)
+        paths.append(str(path))
+    return paths
+
+
+def test_enumerate_own_models_matches_brute_force(capsys, tiny_models):
+    from itertools import product
+
+    from jaxrescore.models.checkpoint import load_model
+
+    target_path, draft_path = tiny_models
+    out = run_json(
+        capsys, "enumerate", "--target", target_path, "--draft", draft_path,
+        "--k", "4", "--window", "64", "--gap", "50", "--json",
+    )
+    support = [s + (3,) for n in range(4) for s in product(range(3), repeat=n)]
+    scores = load_model(target_path).score_sequences(support)
+    best = [support[i] for i in np.argsort(-scores, kind="stable")[:4]]
+    assert [tuple(i["tokens"]) for i in out["items"]] == best
+    # Prefixes cut at max_len keep the draft unexhausted, so a 50-nat gap cannot be cleared.
+    assert out["certified"] is False and out["bound"] is not None
+
+
+def test_enumerate_prompt_and_table(capsys, tiny_models):
+    target_path, draft_path = tiny_models
+    assert main(["enumerate", "--target", target_path, "--draft", draft_path, "--k", "2", "--prompt", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "certified: None" in text and "gap estimate" in text
+
+
+def test_train_writes_a_loadable_target(tmp_path, capsys):
+    from jaxrescore.demo import target_config
+    from jaxrescore.models.checkpoint import load_model
+
+    out = tmp_path / "t.npz"
+    assert main(["train", "--steps", "3", "--out", str(out)]) == 0
+    assert load_model(out).config == target_config()
