@@ -31,6 +31,8 @@ def check_protocol(model, seqs, *, atol=2e-4) -> None:
     batch = from_tuples(seqs, length=model.max_len).pad(rows=len(seqs) + 5)
     np.testing.assert_allclose(model.score_sequences(batch)[: len(seqs)], scores, atol=atol)
     np.testing.assert_allclose(model.score_sequences(batch)[len(seqs):], 0.0)
+    junk = SequenceBatch(np.where(batch.mask, batch.tokens, model.vocab_size + 7), batch.lengths)
+    np.testing.assert_allclose(model.score_sequences(junk), model.score_sequences(batch), atol=1e-6)
     alone = np.array([model.score_sequences([s])[0] for s in seqs[:4]])
     np.testing.assert_allclose(alone, scores[:4], atol=atol)
 

@@ -49,6 +49,16 @@ def test_training_lowers_held_out_loss():
     assert nll(m, held_out) < 0.5 * before
 
 
+def test_dropout_trains_and_scoring_stays_deterministic():
+    m = TransformerLM(TransformerConfig(vocab_size=5, d_model=32, n_layers=1, n_heads=2, max_len=8,
+                                        eos=0, dropout=0.2))
+    assert m.uses_dropout
+    log = train_lm(m, corpus(200, seed=0), steps=30, batch_size=32, lr=3e-3, progress=False)
+    assert log[-5:].mean() < log[:5].mean()
+    seqs = corpus(10, seed=1)
+    np.testing.assert_array_equal(m.score_sequences(seqs), m.score_sequences(seqs))
+
+
 def test_weights_steer_training():
     # Only chains starting with 2 carry weight: the model learns to start with 2.
     seqs = corpus(200, seed=0)

@@ -226,10 +226,12 @@ class JaxLM(DeviceBatched):
         return min(bucket_size(max(length, 1), 8), self.max_len)
 
     def teacher_inputs(self, batch: SequenceBatch, width: int):
-        """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width]."""
+        """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width], with
+        padding positions set to 0 (arbitrary padding ids could make NaN activations, and a NaN
+        times a zero attention weight is still NaN)."""
         toks = np.zeros((batch.size, width), np.int32)
         t = min(width, batch.tokens.shape[1])
-        toks[:, :t] = batch.tokens[:, :t]
+        toks[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
         inputs = np.empty_like(toks)
         inputs[:, 0] = self.bos_id
         inputs[:, 1:] = toks[:, :-1]

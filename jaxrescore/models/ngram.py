@@ -178,12 +178,13 @@ class NGramLM(DeviceBatched):
             rows[hit] = self._offsets[k] + idx[hit]
         return rows.astype(np.int32)
 
-    def _windows(self, tokens: np.ndarray, width: int) -> np.ndarray:
-        """int64[N, width, order-1]: the BOS-padded context before each of positions 0..width-1."""
+    def _windows(self, batch: SequenceBatch, width: int) -> np.ndarray:
+        """int64[N, width, order-1]: the BOS-padded context before each of positions 0..width-1
+        (padding tokens read as 0)."""
         k_top = self.order - 1
-        padded = np.full((tokens.shape[0], k_top + width), self.vocab_size, np.int64)
-        t = min(width, tokens.shape[1])
-        padded[:, k_top : k_top + t] = tokens[:, :t]
+        padded = np.full((batch.size, k_top + width), self.vocab_size, np.int64)
+        t = min(width, batch.tokens.shape[1])
+        padded[:, k_top : k_top + t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
         return np.lib.stride_tricks.sliding_window_view(padded, k_top, axis=1)[:, :width]
 
     def _width(self, length: int) -> int:
@@ -197,7 +198,7 @@ class NGramLM(DeviceBatched):
         width = self._width(int(batch.lengths.max(initial=0)))
         if batch.size == 0:
             return batch, np.zeros((0, width), np.float32)
-        rows = self._rows(self._windows(batch.tokens, width))
+        rows = self._rows(self._windows(batch, width))
         targets = np.zeros((batch.size, width), np.int32)
         t = min(width, batch.tokens.shape[1])
         targets[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
@@ -210,7 +211,7 @@ class NGramLM(DeviceBatched):
         width = self._width(int(batch.lengths.max(initial=0)))
         if batch.size == 0:
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
-        return batch, self._chunked(_gather_rows, self._rows(self._windows(batch.tokens, width)))
+        return batch, self._chunked(_gather_rows, self._rows(self._windows(batch, width)))
 
     def next_logprobs(self, prefixes, lengths) -> np.ndarray:
         """``float32[B, V]`` log-prob rows after each prefix.
