@@ -88,8 +88,9 @@ def train_demo_target(
 
 DRAFT_ORDER = 6
 DEFAULT_WINDOW = None
-"""None = escalate: try each of :data:`AUTO_WINDOWS` until the result certifies."""
-AUTO_WINDOWS = (64, 256, 1024, 4096)
+"""None = let the certificate choose the window (see :func:`speculative_top_k`)."""
+FIRST_WINDOW = 64
+MAX_WINDOW = 16384
 GAP_REGION_MARGIN = 1.0
 GAP_TOP_NAMES = 4096
 GAP_SAMPLES = 1024
@@ -195,25 +196,52 @@ def assumed_gap_from(estimate: dict, margin: float = GAP_MARGIN) -> tuple[float,
 # ---- queries -----------------------------------------------------------------------------------
 
 
-def speculative_top_k(index, target, k: int, windows, assumed_gap: float | None):
-    """``RescoredIndex(index, target, rerank_window=w, assumed_gap=...).top_k(k)`` for each window
-    ``w`` in turn until one certifies (or certification is not asked for, or windows run out).
-
-    Returns:
-      ``(result, window, target_calls, target_sequences)``: the last RescoreResult, its window
-      and the target cost summed over every attempt (one batched call per attempt).
-    """
+def _rescored_top_k(index, target, k: int, window: int, gap: float | None):
     from jaxrescore.rescore.index import RescoredIndex
 
-    calls = sequences = 0
-    for window in windows:
-        rescored = RescoredIndex(index, target, rerank_window=window, assumed_gap=assumed_gap)
-        result = rescored.top_k(k)
-        calls += rescored.target_calls
-        sequences += rescored.target_sequences
-        if result.certified is not False:
-            break
-    return result, window, calls, sequences
+    rescored = RescoredIndex(index, target, rerank_window=window, assumed_gap=gap)
+    return rescored.top_k(k), rescored.target_calls, rescored.target_sequences
+
+
+def pull_needed(index, need: float, start: int, cap: int) -> int | None:
+    """The smallest pull size ``n`` in ``[start, cap]`` (searched in 25% steps) whose sound bound
+    ``index.bucket_bound(n)`` is at most ``need``, deepening the index as it goes; None if even
+    ``cap`` does not get there (the index was cut above ``need``, or ``cap`` is too small)."""
+    n = start
+    while n <= cap:
+        index.ensure_count(n + 1)
+        if index.bucket_bound(n) <= need:
+            return n
+        if len(index) <= n:
+            return None  # nothing more to pull: a cut prefix keeps the bound above need
+        n = max(n + 1, int(n * 1.25))
+    return None
+
+
+def speculative_top_k(index, target, k: int, window: int | None, assumed_gap: float | None):
+    """``RescoredIndex(index, target, rerank_window=..., assumed_gap=...).top_k(k)``.
+
+    With ``window=None`` the window is chosen by the certificate itself: a first query with
+    :data:`FIRST_WINDOW`; if it does not certify, its worst target score ``w`` says how far down
+    the draft order must go (to a sound bound ``<= w - assumed_gap``), and ONE second query pulls
+    exactly that far; when even :data:`MAX_WINDOW` would not get there, no second query is made. A wider pull can only raise the worst returned
+    score, so the second query certifies whenever the assumed gap holds up to that depth.
+
+    Returns:
+      ``(result, windows, target_calls, target_sequences)``: the final RescoreResult, the windows
+      tried, and the target cost summed over the queries (one batched call each).
+    """
+    first = FIRST_WINDOW if window is None else window
+    result, calls, sequences = _rescored_top_k(index, target, k, first, assumed_gap)
+    windows = [first]
+    if window is None and result.certified is False and result.bound is not None and len(result.items) == k:
+        need = result.items[-1][1] - assumed_gap
+        n = pull_needed(index, need, k + first + 1, k + MAX_WINDOW)
+        if n is not None:  # otherwise no window up to MAX_WINDOW could certify: spare the target
+            windows.append(n - k)
+            result, c, q = _rescored_top_k(index, target, k, windows[-1], assumed_gap)
+            calls, sequences = calls + c, sequences + q
+    return result, windows, calls, sequences
 
 
 class _CallCounter:
@@ -244,12 +272,10 @@ def exact_target_cost(target, k: int) -> dict:
     return {"forwards": int(index.forwards), "calls": counted.calls, "sequences": len(index)}
 
 
-def _windows(window: int | None) -> tuple[int, ...]:
-    if window is None:
-        return AUTO_WINDOWS
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+def _check_window(window) -> int | None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
         raise DemoArgumentError(f"window must be None or an integer >= 0, got {window!r}")
-    return (window,)
+    return window
 
 
 def _check_k(k) -> int:
@@ -266,14 +292,15 @@ def _check_gap(gap) -> float | None:
     return float(gap)
 
 
-def _outcome(result, window, calls, sequences) -> dict:
+def _outcome(result, windows, calls, sequences) -> dict:
     """The RescoreResult fields every command reports (JSON-ready)."""
     return {
         "certified": result.certified,
         "bound": result.bound,
         "gap": result.gap,
         "reason": result.reason,
-        "window": window,
+        "window": windows[-1],
+        "windows_tried": windows,
         "target_calls": calls,
         "target_sequences": sequences,
     }
@@ -294,7 +321,7 @@ def run_demo(
 
     Args:
       k: names to return.
-      window: rerank window; None escalates through :data:`AUTO_WINDOWS` until certified.
+      window: rerank window; None lets the certificate choose it (see :func:`speculative_top_k`).
       gap: assumed max ``|target - draft|`` in nats; None = estimated (see
         :func:`estimate_region_gap`) plus :data:`GAP_MARGIN`.
       prefix: only names starting with it (both models are prompted with it; log-probs are then
@@ -317,7 +344,7 @@ def run_demo(
     from jaxrescore.data.names import decode, name_ranks
     from jaxrescore.index.seek import SeekIndex
 
-    k, windows, gap = _check_k(k), _windows(window), _check_gap(gap)
+    k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     prompt = check_prefix(prefix)
     start = time.perf_counter()
     target, draft = load_target(target_path), fit_draft()
@@ -331,7 +358,7 @@ def run_demo(
     else:
         source, region = "given with --gap", None
     index = SeekIndex(draft, progress=progress or None)
-    result, used, calls, sequences = speculative_top_k(index, target, k, windows, gap)
+    result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
     exact = exact_target_cost(target, k) if measure_exact else None
     ranks = name_ranks()
     texts = [prefix + decode(seq) for seq, _ in result.items]
@@ -343,7 +370,7 @@ def run_demo(
         ],
         "birth_ranks": [ranks.get(text) for text in texts],
         "true_top_k_overlap": len(set(true_top).intersection(texts)),
-        **_outcome(result, used, calls, sequences),
+        **_outcome(result, windows, calls, sequences),
         "assumed_gap": gap,
         "gap_source": source,
         "gap_region_lp": region,
@@ -362,7 +389,7 @@ def run_demo(
 def _cost_lines(out: dict) -> list[str]:
     lines = [
         f"target cost: {out['target_calls']} batched call(s), {out['target_sequences']} sequences "
-        f"scored by teacher forcing (final rerank window {out['window']})"
+        f"scored by teacher forcing (rerank windows tried: {out['windows_tried']})"
     ]
     exact = out.get("exact_target")
     if exact:
@@ -427,7 +454,7 @@ def run_enumerate(
 
     Args:
       target_path, draft_path: model files; both models must share ``vocab_size`` and ``eos``.
-      k, window: as in :func:`run_demo` (window None escalates while a gap is given).
+      k, window: as in :func:`run_demo`.
       gap: assumed max ``|target - draft|``; None = no certificate (a sampled gap estimate is
         still reported, as a hint for choosing one).
       prompt: token ids to condition both models on.
@@ -442,7 +469,7 @@ def run_enumerate(
     from jaxrescore.index.seek import SeekIndex
     from jaxrescore.models.gap import estimate_gap
 
-    k, windows, gap = _check_k(k), _windows(window), _check_gap(gap)
+    k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     start = time.perf_counter()
     target, draft = load_target(target_path), load_target(draft_path)
     if (target.vocab_size, target.eos) != (draft.vocab_size, draft.eos):
@@ -460,7 +487,7 @@ def run_enumerate(
         if not 0 <= bits < float("inf"):
             raise DemoArgumentError(f"bits must be a finite number >= 0, got {bits!r}")
         index.ensure_bits(bits)
-    result, used, calls, sequences = speculative_top_k(index, target, k, windows, gap)
+    result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
     hint = estimate_gap(draft, target, n=GAP_SAMPLES) if draft.max_len >= target.max_len else None
     return {
         "items": [
@@ -468,7 +495,7 @@ def run_enumerate(
              "draft_log_prob": dlp}
             for (seq, lp), dlp in zip(result.items, result.draft_log_probs)
         ],
-        **_outcome(result, used, calls, sequences),
+        **_outcome(result, windows, calls, sequences),
         "assumed_gap": gap,
         "gap_source": "given with --gap" if gap is not None else None,
         "gap_estimate": None if hint is None else hint._asdict(),
