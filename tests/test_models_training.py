@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import optax
 import pytest
 
 from jaxrescore.models.checkpoint import load_model, save_model
@@ -43,7 +44,8 @@ def test_training_lowers_held_out_loss():
     m = model()
     held_out = corpus(100, seed=1)
     before = nll(m, held_out)
-    log = train_lm(m, corpus(400, seed=0), steps=80, batch_size=32, lr=3e-3, progress=False)
+    schedule = optax.linear_schedule(3e-3, 1e-3, 80)
+    log = train_lm(m, corpus(400, seed=0), steps=80, batch_size=32, lr=schedule, progress=False)
     assert log.shape == (80,) and log.dtype == np.float32
     assert log[-10:].mean() < log[:10].mean()
     assert nll(m, held_out) < 0.5 * before

@@ -11,8 +11,8 @@ and a ``params`` pytree. This class turns that into the AutoregressiveEnumerable
 Device functions are module-level ``jax.jit``s taking ``params`` as an ARGUMENT and ``apply`` as a
 static argument, so updated weights are always used and models with equal ``apply`` share
 compiles. Batch rows are chunked (see ``DeviceBatched.chunk_tokens``) and padded to powers of two;
-lengths are padded
-to powers of two capped at ``max_len``, so a sweep of queries sees only a few shapes.
+lengths are padded to powers of two capped at ``max_len``, so a sweep of queries sees only a few
+shapes.
 
 Right padding plus the causal mask is the padding mask: a real position only attends to earlier
 positions, all real, so padding can never change a real position's output.
@@ -110,8 +110,11 @@ def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
 
 class DeviceBatched(PromptableMixin):
     """Host-side batching shared by device-backed models: row chunks of about ``chunk_tokens``
-    tokens per device (or exactly ``chunk_rows`` rows when that is set), padded to power-of-two row counts of at least ``min_rows`` (and a multiple of the mesh size), and, with a ``mesh``, the
-    batch axis sharded over all mesh axes while ``params`` are replicated once per weights object.
+    tokens per device (or exactly ``chunk_rows`` rows when that is set), padded to power-of-two
+    row counts of at least ``min_rows`` (and a multiple of the mesh size), and, with a ``mesh``,
+    the batch axis sharded over all mesh axes while ``params`` are replicated once per weights
+    object. All chunks are dispatched before the first result is read, so the host pads chunk
+    ``i + 1`` while the device computes chunk ``i``.
 
     Subclasses set ``params`` (the pytree every device call receives) and ``mesh`` and implement
     ``step_logprobs(seqs) -> (batch, float32[N, W])``; scores are masked float64 sums of those.
@@ -189,8 +192,8 @@ class DeviceBatched(PromptableMixin):
             m = part[0].shape[0]
             rows = self._rows_bucket(m)
             padded = [np.concatenate([p, np.zeros((rows - m,) + p.shape[1:], p.dtype)]) for p in part]
-            outs.append(np.asarray(fn(params, *(self._put(p) for p in padded)))[:m])
-        return np.concatenate(outs)
+            outs.append((fn(params, *(self._put(p) for p in padded)), m))
+        return np.concatenate([np.asarray(out)[:m] for out, m in outs])
 
 
 class JaxLM(DeviceBatched):

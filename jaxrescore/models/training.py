@@ -42,10 +42,23 @@ def _check_positive(**kw) -> None:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
-def _check_lr(lr) -> float:
-    if not np.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a positive finite float, got {lr!r}")
+def _check_lr(lr):
+    """A positive float, or an optax schedule (a callable ``step -> lr``) passed through."""
+    if callable(lr):
+        return lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)) or not (
+        np.isfinite(lr) and lr > 0
+    ):
+        raise ValueError(f"lr must be a positive finite float or an optax schedule, got {lr!r}")
     return float(lr)
+
+
+def _check_decay(weight_decay) -> float:
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float, np.floating)) or not (
+        np.isfinite(weight_decay) and weight_decay >= 0
+    ):
+        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
+    return float(weight_decay)
 
 
 def training_corpus(model, sequences, weights) -> tuple[SequenceBatch, np.ndarray]:
@@ -93,7 +106,7 @@ def _kl_loss(apply, dropout, params, key, inputs, teacher_lp, mask):
 
 
 @functools.lru_cache(maxsize=32)
-def _train_step(loss, apply, dropout: bool, lr: float, weight_decay: float):
+def _train_step(loss, apply, dropout: bool, lr, weight_decay: float):
     """A jitted adamw step for ``loss``; cached so repeated runs of one model reuse the compile.
     It closes over the pure ``apply`` and the optimizer only: weights are arguments."""
     opt = optax.adamw(lr, weight_decay=weight_decay)
@@ -146,7 +159,7 @@ def train_lm(
     weights=None,
     steps: int,
     batch_size: int = 64,
-    lr: float = 3e-3,
+    lr=3e-3,
     weight_decay: float = 0.01,
     seed: int = 0,
     progress: bool = True,
@@ -158,7 +171,8 @@ def train_lm(
       sequences: the corpus (SequenceBatch or list of token sequences) in the model's support.
       weights: optional non-negative float[N]: batches draw sequences in proportion to them.
       steps, batch_size: optimisation steps and sequences per step.
-      lr, weight_decay: adamw parameters.
+      lr, weight_decay: adamw parameters; ``lr`` may be an optax schedule
+        (e.g. ``optax.cosine_decay_schedule(3e-3, steps)``).
       seed: batch sampling and dropout seed.
       progress: show a tqdm bar with the running loss.
 
@@ -167,7 +181,7 @@ def train_lm(
     """
     _check_model(model, "model")
     _check_positive(steps=steps, batch_size=batch_size)
-    lr = _check_lr(lr)
+    lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
     batch, probs = training_corpus(model, sequences, weights)
     draw = _sampler(model, batch, probs, batch_size, seed)
     return _run(
@@ -202,7 +216,7 @@ def distill(
     weights=None,
     steps: int,
     batch_size: int = 64,
-    lr: float = 3e-3,
+    lr=3e-3,
     weight_decay: float = 0.01,
     seed: int = 0,
     progress: bool = True,
@@ -228,7 +242,7 @@ def distill(
             f"(vocab_size={student.vocab_size}, eos={student.eos}) must share vocab_size and eos"
         )
     _check_positive(steps=steps, batch_size=batch_size)
-    lr = _check_lr(lr)
+    lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
     batch, probs = training_corpus(student, sequences, weights)
     draw = _sampler(student, batch, probs, batch_size, seed)
     width = student.length_bucket(int(batch.lengths.max()))
