@@ -3,6 +3,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxrescore.models.ngram import NGramLM
 from model_checks import check_protocol
@@ -92,3 +94,21 @@ def test_fit_is_vectorised_at_scale():
     m = NGramLM.fit(SequenceBatch(toks, lens.astype(np.int32)), order=4, vocab_size=28, eos=0)
     assert m.max_len == 9
     assert np.all(np.isfinite(m.score_sequences(SequenceBatch(toks[:300], lens[:300].astype(np.int32)))))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.lists(st.lists(st.integers(0, 2), min_size=3, max_size=3), min_size=1, max_size=30),
+    weights=st.lists(st.integers(0, 5), min_size=30, max_size=30),
+    order=st.integers(1, 4),
+    discount=st.one_of(st.none(), st.floats(0.05, 1.0)),
+)
+def test_fixed_length_support_sums_to_one(data, weights, order, discount):
+    """Every context's row is a distribution, for any corpus, weights, order and discount."""
+    w = np.array(weights[: len(data)], float)
+    w[0] += 1  # not all zero
+    m = NGramLM.fit(data, order=order, vocab_size=3, weights=w, discount=discount)
+    support = list(itertools.product(range(3), repeat=3))
+    scores = m.score_sequences(support)
+    assert np.all(np.isfinite(scores))
+    assert math.isclose(np.exp(scores).sum(), 1.0, rel_tol=1e-5)

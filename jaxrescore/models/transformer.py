@@ -165,7 +165,7 @@ def _graph(config: TransformerConfig):
 
 def init_weights(config: TransformerConfig, seed: int):
     """Initial weights, drawn on the host with numpy: eager or jitted JAX initialisation costs
-    seconds of compiling on CPU, this costs microseconds. Kernels and embeddings are normal with
+    seconds of compiling on CPU, this costs milliseconds. Kernels and embeddings are normal with
     variance 1/fan_in (LeCun), LayerNorm scales one, biases zero."""
     rng = np.random.default_rng(seed)
 
