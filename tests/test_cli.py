@@ -143,3 +143,25 @@ def test_train_writes_a_loadable_target(tmp_path, capsys):
     out = tmp_path / "t.npz"
     assert main(["train", "--steps", "3", "--out", str(out)]) == 0
     assert load_model(out).config == target_config()
+
+
+def test_pull_needed_reaches_the_requested_bound():
+    from jaxrescore.demo import fit_draft, pull_needed
+    from jaxrescore.index.seek import SeekIndex
+
+    index = SeekIndex(fit_draft(), progress=False)
+    n = pull_needed(index, -8.0, 30, 20_000)
+    assert n is not None and index.bucket_bound(n) <= -8.0 < index.bucket_bound(30)
+    assert pull_needed(index, -8.0, 30, 31) is None
+
+
+def test_region_gap_covers_the_top_k():
+    from jaxrescore.demo import estimate_region_gap, fit_draft, load_target
+    from jaxrescore.data import encode
+
+    draft, target = fit_draft(), load_target()
+    common = [encode(n) for n, _ in load_names()[:200]]
+    est = estimate_region_gap(draft, target, common, 10, n_samples=64)
+    t = np.sort(target.score_sequences(common))[::-1]
+    assert est["region_lp"] <= t[9] - 1.0 + 1e-9
+    assert est["sequences"] >= 10 and est["measured"] >= 0
