@@ -6,19 +6,43 @@ provably the target's true top-k under an assumed draft/target gap.
 """
 
 from jaxrescore.index import SeekIndex
+from jaxrescore.models import (
+    CallableModel,
+    NGramLM,
+    TransformerConfig,
+    TransformerLM,
+    distill,
+    estimate_gap,
+    from_apply_fn,
+    load_model,
+    quantize_int8,
+    save_model,
+    train_lm,
+)
 from jaxrescore.quantize import Quantizer
 from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore, rescore_many
 from jaxrescore.sequences import SequenceBatch
 
 __all__ = [
+    "CallableModel",
     "GapCarry",
+    "NGramLM",
     "Quantizer",
     "RescoreResult",
     "RescoredIndex",
     "SeekIndex",
     "SequenceBatch",
+    "TransformerConfig",
+    "TransformerLM",
+    "distill",
+    "estimate_gap",
+    "from_apply_fn",
     "init_carry",
+    "load_model",
+    "quantize_int8",
     "rescore",
     "rescore_many",
+    "save_model",
+    "train_lm",
 ]
 __version__ = "0.1.0"

@@ -1,5 +1,36 @@
 """Models implementing the AutoregressiveEnumerable protocol."""
 
+from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.callable import CallableModel
+from jaxrescore.models.checkpoint import load_model, save_model
+from jaxrescore.models.gap import GapEstimate, estimate_gap
+from jaxrescore.models.int8 import Int8TransformerLM, max_step_deviation, quantize_int8
+from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.models.ngram import NGramLM
+from jaxrescore.models.prompt import PromptedModel
+from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.training import distill, train_lm
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
-__all__ = ["AutoregressiveEnumerable"]
+__all__ = [
+    "ApplyFnLM",
+    "AutoregressiveEnumerable",
+    "CallableModel",
+    "GapEstimate",
+    "Int8TransformerLM",
+    "JaxLM",
+    "NGramLM",
+    "PromptedModel",
+    "TransformerConfig",
+    "TransformerLM",
+    "distill",
+    "estimate_gap",
+    "from_apply_fn",
+    "load_model",
+    "max_step_deviation",
+    "quantize_int8",
+    "sample_sequences",
+    "save_model",
+    "train_lm",
+]
