@@ -49,7 +49,9 @@ def _gap(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (nats), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number >= 0 (nats), got {text!r}"
+        ) from None
     if not (value >= 0.0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (nats), got {text!r}")
     return value
@@ -67,13 +69,14 @@ def _token_list(text: str) -> tuple[int, ...]:
     return tokens
 
 
-def _add_query_args(p: argparse.ArgumentParser, default_window: int) -> None:
+def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_positive_int, default=25, help="how many sequences (default 25)")
     p.add_argument(
         "--window",
         type=_non_negative_int,
-        default=default_window,
-        help=f"extra draft candidates rescored by the target (default {default_window})",
+        default=None,
+        help="extra draft candidates rescored by the target (default: a 64-wide first query, then, "
+        "if it does not certify, one query exactly as deep as the certificate needs)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -90,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Enumerate the most probable US first names under a small character "
         "transformer (the target), ordered by a character n-gram (the draft), with a certificate.",
     )
-    _add_query_args(p, demo.DEFAULT_WINDOW)
+    _add_query_args(p)
     p.add_argument(
         "--gap",
         type=_gap,
@@ -108,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", type=Path, required=True, help="saved target model")
     p.add_argument("--draft", type=Path, required=True, help="saved draft model")
-    _add_query_args(p, demo.DEFAULT_WINDOW)
-    p.add_argument("--gap", type=_gap, default=None, help="assumed max gap (nats); none = no certificate")
+    _add_query_args(p)
+    p.add_argument(
+        "--gap", type=_gap, default=None, help="assumed max gap (nats); none = no certificate"
+    )
     p.add_argument("--prompt", type=_token_list, default=(), help="prompt token ids, e.g. 3,1,4")
     p.add_argument("--bits", type=float, default=None, help="draft index depth budget in bits")
 
@@ -118,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="retrain the demo's target transformer on the shipped names",
         description="Retrain the demo target (same code as scripts/train_demo.py).",
     )
-    p.add_argument("--out", type=Path, default=None, help="where to write the weights (default: shipped)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="where to write the weights (default: shipped)"
+    )
     p.add_argument("--steps", type=_positive_int, default=demo.TRAIN_STEPS)
     p.add_argument("--seed", type=_non_negative_int, default=demo.TRAIN_SEED)
     return parser

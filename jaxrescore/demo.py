@@ -87,8 +87,6 @@ def train_demo_target(
 # ---- models ------------------------------------------------------------------------------------
 
 DRAFT_ORDER = 6
-DEFAULT_WINDOW = None
-"""None = let the certificate choose the window (see :func:`speculative_top_k`)."""
 FIRST_WINDOW = 64
 MAX_WINDOW = 16384
 GAP_REGION_MARGIN = 1.0
@@ -204,9 +202,10 @@ def _rescored_top_k(index, target, k: int, window: int, gap: float | None):
 
 
 def pull_needed(index, need: float, start: int, cap: int) -> int | None:
-    """The smallest pull size ``n`` in ``[start, cap]`` (searched in 25% steps) whose sound bound
-    ``index.bucket_bound(n)`` is at most ``need``, deepening the index as it goes; None if even
-    ``cap`` does not get there (the index was cut above ``need``, or ``cap`` is too small)."""
+    """A pull size ``n`` in ``[start, cap]`` whose sound bound ``index.bucket_bound(n)`` is at
+    most ``need``: the first found by growing ``n`` from ``start`` in 25% steps (so at most 25%
+    above the smallest), deepening the index as it goes. None if even ``cap`` does not get there
+    (the index was cut above ``need``, or ``cap`` is too small)."""
     n = start
     while n <= cap:
         index.ensure_count(n + 1)
@@ -224,8 +223,8 @@ def speculative_top_k(index, target, k: int, window: int | None, assumed_gap: fl
     With ``window=None`` the window is chosen by the certificate itself: a first query with
     :data:`FIRST_WINDOW`; if it does not certify, its worst target score ``w`` says how far down
     the draft order must go (to a sound bound ``<= w - assumed_gap``), and ONE second query pulls
-    exactly that far; when even :data:`MAX_WINDOW` would not get there, no second query is made. A wider pull can only raise the worst returned
-    score, so the second query certifies whenever the assumed gap holds up to that depth.
+    that far; when even :data:`MAX_WINDOW` would not get there, no second query is made. A wider
+    pull can only raise the worst returned score, so the second query certifies.
 
     Returns:
       ``(result, windows, target_calls, target_sequences)``: the final RescoreResult, the windows
@@ -234,7 +233,8 @@ def speculative_top_k(index, target, k: int, window: int | None, assumed_gap: fl
     first = FIRST_WINDOW if window is None else window
     result, calls, sequences = _rescored_top_k(index, target, k, first, assumed_gap)
     windows = [first]
-    if window is None and result.certified is False and result.bound is not None and len(result.items) == k:
+    retry = result.certified is False and result.bound is not None and len(result.items) == k
+    if window is None and retry:
         need = result.items[-1][1] - assumed_gap
         n = pull_needed(index, need, k + first + 1, k + MAX_WINDOW)
         if n is not None:  # otherwise no window up to MAX_WINDOW could certify: spare the target
@@ -273,7 +273,9 @@ def exact_target_cost(target, k: int) -> dict:
 
 
 def _check_window(window) -> int | None:
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise DemoArgumentError(f"window must be None or an integer >= 0, got {window!r}")
     return window
 
@@ -309,7 +311,7 @@ def _outcome(result, windows, calls, sequences) -> dict:
 def run_demo(
     *,
     k: int = 25,
-    window: int | None = DEFAULT_WINDOW,
+    window: int | None = None,
     gap: float | None = None,
     prefix: str = "",
     target_path: str | os.PathLike | None = None,
@@ -431,7 +433,10 @@ def format_demo(out: dict) -> str:
     )
     lines += _certificate_lines(out)
     lines += _cost_lines(out)
-    lines.append(f"draft index: {out['draft_forwards']} n-gram prefix forwards; wall time {out['seconds']:.1f} s")
+    lines.append(
+        f"draft index: {out['draft_forwards']} n-gram prefix forwards; "
+        f"wall time {out['seconds']:.1f} s"
+    )
     return "\n".join(lines)
 
 
@@ -511,15 +516,18 @@ def format_enumerate(out: dict) -> str:
     lines = [f"{'rank':>4}  {'tokens':<40}{'target lp':>10}{'draft lp':>10}"]
     for i, item in enumerate(out["items"], 1):
         lines.append(
-            f"{i:>4}  {item['text']:<40}{item['target_log_prob']:>10.3f}{item['draft_log_prob']:>10.3f}"
+            f"{i:>4}  {item['text']:<40}{item['target_log_prob']:>10.3f}"
+            f"{item['draft_log_prob']:>10.3f}"
         )
     lines += _certificate_lines(out)
     if out["gap_estimate"] is not None:
         est = out["gap_estimate"]
         lines.append(
-            f"gap estimate (hint, not a proof): max {est['max_gap']:.3f}, mean {est['mean_gap']:.3f} "
-            f"nats over {est['n_sequences']} target samples"
+            f"gap estimate (hint, not a proof): max {est['max_gap']:.3f}, "
+            f"mean {est['mean_gap']:.3f} nats over {est['n_sequences']} target samples"
         )
     lines += _cost_lines(out)
-    lines.append(f"draft index: {out['draft_forwards']} prefix forwards; wall time {out['seconds']:.1f} s")
+    lines.append(
+        f"draft index: {out['draft_forwards']} prefix forwards; wall time {out['seconds']:.1f} s"
+    )
     return "\n".join(lines)
