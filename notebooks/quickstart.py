@@ -31,10 +31,9 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from jaxrescore import RescoredIndex
+from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data import decode, encode, load_names, name_ranks
 from jaxrescore.demo import assumed_gap_from, estimate_region_gap, fit_draft, load_target
-from jaxrescore.index.seek import SeekIndex
 
 # %% [markdown]
 # ## 1. Data and models
