@@ -125,7 +125,17 @@ def true_top_scores(target, support, start, k):
     return scores[start : start + k]
 
 
-def true_gap(draft, target, support):
+def _diffs(draft, target, support):
     d, t = np.array(draft(support)), np.array(target(support))
     fin = np.isfinite(d) & np.isfinite(t)
-    return float(np.abs(d - t)[fin].max())
+    return (t - d)[fin]
+
+
+def true_gap(draft, target, support):
+    """max |target - draft| over the support."""
+    return float(np.abs(_diffs(draft, target, support)).max())
+
+
+def true_excess(draft, target, support):
+    """max(target - draft, 0) over the support: the one-sided gap the certificate needs."""
+    return float(max(_diffs(draft, target, support).max(), 0.0))

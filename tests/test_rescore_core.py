@@ -81,8 +81,11 @@ def test_carry_tracks_gap_over_finite_valid_pairs():
     carry = init_carry()
     _, carry = run([-1.0, -2.0, -np.inf, -1.0], draft=[-1.5, -2.0, -1.0, -9.0], valid=[1, 1, 1, 0], carry=carry)
     assert (float(carry.max_gap), int(carry.sequences), int(carry.calls)) == (0.5, 3, 1)
+    assert float(carry.max_excess) == 0.5  # target -1.0 over draft -1.5
     out, carry = run([-1.0], draft=[-1.25], carry=carry, k=1)
     assert float(out.gap) == 0.5 and int(carry.calls) == 2 and int(carry.sequences) == 4
+    _, below = run([-3.0], draft=[-1.0], k=1)
+    assert float(below.max_gap) == 2.0 and float(below.max_excess) == -2.0
 
 
 def test_nan_target_rows_are_never_returned():

@@ -16,6 +16,13 @@ pull; NaN: no sound bound). Then::
                     or  the slice is short and edge == -inf (the draft support is exhausted)
     certified = 0  otherwise, and -1 when assumed_gap is NaN (certification not requested).
 
+Only one side of the gap is used: an unpulled sequence ``u`` could displace a returned one only if
+``target(u) > worst``, and then ``target(u) <= draft(u) + assumed_gap <= edge + assumed_gap <= worst``
+is the contradiction. So what must hold is ``target(u) - draft(u) <= assumed_gap`` for every
+sequence scoring above the worst returned one; ``|target - draft| <= assumed_gap`` everywhere is the
+simple sufficient condition, and ``excess`` (the running max of ``target - draft``) is the side to
+watch.
+
 The comparison keeps a margin of a few units in the last place of the operands so that rounding
 them to the working dtype (float32 without x64) cannot make it pass.
 """
@@ -35,18 +42,23 @@ class GapCarry(NamedTuple):
 
     Attributes:
       max_gap: float[], running max of ``|target - draft|`` over rescored pairs where both are finite.
+      max_excess: float[], running max of ``target - draft`` over the same pairs (-inf before any):
+        the one side of the gap the certificate relies on (see :func:`rescore`).
       sequences: int32[], sequences rescored so far.
       calls: int32[], batched target calls made so far.
     """
 
     max_gap: jax.Array
+    max_excess: jax.Array
     sequences: jax.Array
     calls: jax.Array
 
 
 def init_carry(dtype=jnp.float32) -> GapCarry:
     """The carry of an index that has rescored nothing yet."""
-    return GapCarry(jnp.zeros((), dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    return GapCarry(
+        jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+    )
 
 
 class RescoreOutput(NamedTuple):
@@ -61,6 +73,7 @@ class RescoreOutput(NamedTuple):
       bound: float[], the draft bound the certificate was checked against; NaN where none applies
         (not requested, nothing left unpulled, or no sound bound).
       gap: float[], running max observed ``|target - draft|`` including this batch.
+      excess: float[], running max observed ``target - draft`` including this batch.
     """
 
     perm: jax.Array
@@ -69,6 +82,7 @@ class RescoreOutput(NamedTuple):
     certified: jax.Array
     bound: jax.Array
     gap: jax.Array
+    excess: jax.Array
 
 
 def target_order(target_lps: jax.Array, valid: jax.Array) -> jax.Array:
@@ -93,9 +107,11 @@ def _clears(worst, bound, assumed_gap):
 def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
     """The carry after rescoring the valid rows of one batch in one target call."""
     finite = valid & jnp.isfinite(target_lps) & jnp.isfinite(draft_lps)
-    diffs = jnp.where(finite, jnp.abs(target_lps - draft_lps), 0)
+    diffs = jnp.where(finite, target_lps - draft_lps, 0)
+    dtype = carry.max_gap.dtype
     return GapCarry(
-        max_gap=jnp.maximum(carry.max_gap, jnp.max(diffs, initial=0).astype(carry.max_gap.dtype)),
+        max_gap=jnp.maximum(carry.max_gap, jnp.max(jnp.abs(diffs), initial=0).astype(dtype)),
+        max_excess=jnp.maximum(carry.max_excess, jnp.max(jnp.where(finite, diffs, -jnp.inf), initial=-jnp.inf).astype(dtype)),
         sequences=carry.sequences + jnp.sum(valid, dtype=jnp.int32),
         calls=carry.calls + 1,
     )
@@ -144,7 +160,9 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)
 
     new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), valid)
-    out = RescoreOutput(perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap)
+    out = RescoreOutput(
+        perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess
+    )
     return out, new_carry
 
 

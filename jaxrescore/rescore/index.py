@@ -77,6 +77,9 @@ class RescoreResult:
       gap: running max observed ``|target_lp - draft_lp|`` over everything rescored on this index
         so far, including this query: a diagnostic, never a certificate.
       reason: why ``certified`` is what it is, in words.
+      excess: running max observed ``target_lp - draft_lp`` (the side of the gap the certificate
+        relies on: a target scoring far ABOVE its draft is what could hide a sequence; a draft
+        over-scoring junk cannot); -inf before any finite pair.
       draft_log_probs: the draft's log-prob of each item, aligned with ``items``.
       draft_ranks: the draft rank of each item, aligned with ``items``.
     """
@@ -86,6 +89,7 @@ class RescoreResult:
     bound: float | None
     gap: float
     reason: str = ""
+    excess: float = -math.inf
     draft_log_probs: tuple = field(default=())
     draft_ranks: tuple = field(default=())
 
@@ -147,8 +151,10 @@ class RescoredIndex:
       assumed_gap: optional global bound on ``|target_lp - draft_lp|`` in nats, finite and >= 0.
         When supplied, results carry a real ``certified`` verdict; otherwise it is None.
 
-    The certificate assumes the gap holds for EVERY sequence, so a sequence the draft gives -inf
-    must have target -inf too: the draft index never enumerates it.
+    The certificate needs ``target(u) <= draft(u) + assumed_gap`` for every sequence ``u`` that
+    scores above the worst returned item (``|target - draft| <= assumed_gap`` everywhere is the
+    simple sufficient condition); in particular a sequence the draft gives -inf must have target
+    -inf, since the draft index never enumerates it.
     """
 
     def __init__(self, draft_index: Any, target: Any, *, rerank_window: int = 64, assumed_gap: float | None = None):
@@ -158,7 +164,7 @@ class RescoredIndex:
         self._score = as_scorer(target)
         self.draft_index = draft_index
         self.target = target
-        self._carry = GapCarry(0.0, 0, 0)
+        self._carry = GapCarry(0.0, -math.inf, 0, 0)
 
     @property
     def carry(self) -> GapCarry:
@@ -169,6 +175,11 @@ class RescoredIndex:
     def gap(self) -> float:
         """Running max observed ``|target - draft|`` over everything rescored so far."""
         return float(self._carry.max_gap)
+
+    @property
+    def excess(self) -> float:
+        """Running max observed ``target - draft`` over everything rescored so far."""
+        return float(self._carry.max_excess)
 
     @property
     def target_calls(self) -> int:
@@ -231,8 +242,10 @@ class RescoredIndex:
         """Run the core on validated target scores and only then update the carry."""
         out = self._core(queries, pull, scores, bounds)
         gaps = np.asarray(out.gap, np.float64)[: len(queries)]
+        excess = np.asarray(out.excess, np.float64)[: len(queries)]
         self._carry = GapCarry(
             float(max(self._carry.max_gap, gaps.max())),
+            float(max(self._carry.max_excess, excess.max())),
             self._carry.sequences + len(pull.seqs),
             self._carry.calls + (1 if pull.seqs else 0),
         )
@@ -256,7 +269,7 @@ class RescoredIndex:
             valid[i, : min(q.extent, n_pulled)] = True
             starts[i], ks[i] = q.start, q.k
             gaps[i] = np.nan if q.gap is None else q.gap
-        carry = GapCarry(np.float64(self._carry.max_gap), np.int32(0), np.int32(0))
+        carry = GapCarry(np.float64(self._carry.max_gap), np.float64(self._carry.max_excess), np.int32(0), np.int32(0))
         with jax.enable_x64(True):
             out, _ = _jit_sweep(target, draft, valid, edges, starts, ks, gaps, carry, k_max=k_max)
             return jax.tree.map(np.asarray, out)
@@ -272,6 +285,7 @@ class RescoredIndex:
             certified=None if code == CERT_NONE else code == CERT_TRUE,
             bound=None if math.isnan(bound) else bound,
             gap=float(out.gap[i]),
+            excess=float(out.excess[i]),
             reason=_reason(q, items, code, bounds.get(n), n, len(pull.seqs) < q.extent),
             draft_log_probs=tuple(float(pull.draft_lps[r]) for r in rows),
             draft_ranks=tuple(int(r) for r in rows),
