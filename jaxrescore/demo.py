@@ -159,8 +159,9 @@ def estimate_region_gap(
     samples from the target. A finite sample: an ESTIMATE, not a bound.
 
     Returns:
-      ``{"measured", "sequences", "region_lp", "n_candidates", "n_samples"}``; ``region_lp`` is
-      the lowest target log-prob the estimate covers.
+      ``{"measured", "sequences", "region_lp", "n_candidates", "n_samples", "target_scored"}``;
+      ``region_lp`` is the lowest target log-prob the estimate covers, ``target_scored`` the
+      distinct sequences the target scored for it (a one-off calibration cost per model pair).
     """
     from jaxrescore.models.sampling import sample_sequences
 
@@ -176,6 +177,7 @@ def estimate_region_gap(
         "region_lp": region,
         "n_candidates": len(candidates),
         "n_samples": int(n_samples),
+        "target_scored": len(seqs),
     }
 
 
@@ -183,10 +185,11 @@ def assumed_gap_from(estimate: dict, margin: float = GAP_MARGIN) -> tuple[float,
     """The default ``assumed_gap`` (estimate + margin) and a sentence saying where it came from."""
     value = estimate["measured"] + margin
     source = (
-        f"estimated: max |target - draft| = {estimate['measured']:.3f} nats observed over "
-        f"{estimate['sequences']} sequences with target log-prob >= {estimate['region_lp']:.3f} "
+        f"assumed to hold for every sequence with target log-prob >= {estimate['region_lp']:.3f}, "
+        f"the only ones that could displace an answer; estimated as the max |target - draft| = "
+        f"{estimate['measured']:.3f} nats observed over {estimate['sequences']} such sequences "
         f"(from the {estimate['n_candidates']} commonest names and {estimate['n_samples']} target "
-        f"samples), plus a {margin:g}-nat margin; an assumption, not a proof"
+        f"samples) plus a {margin:g}-nat margin: an assumption, not a proof"
     )
     return value, source
 
@@ -338,7 +341,9 @@ def run_demo(
       ``true_top_k_overlap`` (how many items are among the ``k`` commonest names with the prefix),
       ``certified``, ``bound``, ``gap`` (observed), ``reason``, ``assumed_gap``,
       ``gap_source``, ``gap_region_lp`` (the lowest target log-prob the gap estimate covers;
-      None for a given gap), ``window``, ``target_calls``, ``target_sequences``, ``draft_forwards``,
+      None for a given gap), ``gap_calibration_sequences`` (target-scored by the gap estimate, a
+      one-off cost not counted in ``target_sequences``), ``gap_covers_answers`` (whether the
+      worst answer lies inside that region, which the certificate's argument needs), ``window``, ``target_calls``, ``target_sequences``, ``draft_forwards``,
       ``exact_target``, ``seconds`` and the arguments.
     """
     import time
@@ -356,9 +361,9 @@ def run_demo(
         common = [encode(n[len(prefix):]) for n, _ in load_names() if n.startswith(prefix)]
         estimate = estimate_region_gap(draft, target, common[:GAP_TOP_NAMES], k)
         gap, source = assumed_gap_from(estimate)
-        region = estimate["region_lp"]
+        region, calibration = estimate["region_lp"], estimate["target_scored"]
     else:
-        source, region = "given with --gap", None
+        source, region, calibration = "given with --gap", None, 0
     index = SeekIndex(draft, progress=progress or None)
     result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
     exact = exact_target_cost(target, k) if measure_exact else None
@@ -376,6 +381,9 @@ def run_demo(
         "assumed_gap": gap,
         "gap_source": source,
         "gap_region_lp": region,
+        "gap_calibration_sequences": calibration,
+        "gap_covers_answers": None if region is None or not result.items
+        else result.items[-1][1] >= region,
         "draft_forwards": int(index.forwards),
         "exact_target": exact,
         "k": k,
@@ -393,6 +401,11 @@ def _cost_lines(out: dict) -> list[str]:
         f"target cost: {out['target_calls']} batched call(s), {out['target_sequences']} sequences "
         f"scored by teacher forcing (rerank windows tried: {out['windows_tried']})"
     ]
+    if out.get("gap_calibration_sequences"):
+        lines.append(
+            f"gap calibration (one-off per model pair, not counted above): "
+            f"{out['gap_calibration_sequences']} sequences scored and {GAP_SAMPLES} sampled"
+        )
     exact = out.get("exact_target")
     if exact:
         lines.append(
@@ -404,13 +417,21 @@ def _cost_lines(out: dict) -> list[str]:
 
 
 def _certificate_lines(out: dict) -> list[str]:
-    return [
+    gap = out.get("assumed_gap")
+    lines = [
         f"certified: {out['certified']} ({out['reason']})",
-        f"assumed gap: {out['assumed_gap']:.3f} nats ({out['gap_source']})"
-        if out.get("assumed_gap") is not None
+        f"assumed gap: {gap:.3f} nats ({out['gap_source']})"
+        if gap is not None
         else "assumed gap: none (no certificate requested)",
-        f"observed gap over the rescored sequences: {out['gap']:.3f} nats (a diagnostic)",
+        f"observed max gap over all rescored sequences: {out['gap']:.3f} nats (a diagnostic; it "
+        f"includes sequences far below the answers)",
     ]
+    if out.get("gap_covers_answers") is False:
+        lines.append(
+            "WARNING: the answers fall below the region the gap was estimated on, so the "
+            "certificate's assumption does not cover them"
+        )
+    return lines
 
 
 def format_demo(out: dict) -> str:

@@ -35,7 +35,8 @@ def test_demo_default_is_certified_and_finds_real_names(demo_json):
     worst = lps[-1]
     assert worst >= out["bound"] + out["assumed_gap"]
     # The gap estimate must cover the answers it certifies.
-    assert worst >= out["gap_region_lp"]
+    assert worst >= out["gap_region_lp"] and out["gap_covers_answers"] is True
+    assert out["gap_calibration_sequences"] > 0
     assert out["true_top_k_overlap"] >= 15
     assert out["target_calls"] >= 1 and out["target_sequences"] >= 25
     assert out["exact_target"]["forwards"] > 0
