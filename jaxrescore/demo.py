@@ -2,6 +2,15 @@
 
 Everything the ``jaxrescore demo`` / ``enumerate`` / ``train`` commands do lives here as plain
 functions returning plain data; :mod:`jaxrescore.cli` only parses arguments and prints.
+
+The assumed gap. A character n-gram and a transformer disagree by many nats on strings far down
+the distribution, so no useful gap holds globally. The certificate needs less: if every sequence
+with target log-prob ``>= tau`` has ``|target - draft| <= G``, and the worst returned score ``w``
+satisfies ``w >= tau`` and ``w >= bound + G``, then an unpulled sequence ``s`` with
+``target(s) > w`` would have ``draft(s) >= target(s) - G > bound``, which no unpulled sequence
+has. The default ``G`` is the gap observed on measured sequences above ``tau`` (the ``k``-th best
+measured target score minus a nat) plus a margin, and the demo reports whether ``w >= tau``. It
+is an estimate from a finite sample: the output always says so.
 """
 
 from __future__ import annotations
