@@ -206,6 +206,16 @@ def assumed_gap_from(estimate: dict, margin: float = GAP_MARGIN) -> tuple[float,
 # ---- queries -----------------------------------------------------------------------------------
 
 
+def _draft_index(draft, progress: bool):
+    """The draft's SeekIndex; its first build shows a progress bar when ``progress``, later
+    deepenings only when they run long (so short passes do not print empty bars)."""
+    from jaxrescore.index.seek import SeekIndex
+
+    index = SeekIndex(draft, progress=progress or False)
+    index.progress = None if progress else False
+    return index
+
+
 def _rescored_top_k(index, target, k: int, window: int, gap: float | None):
     from jaxrescore.rescore.index import RescoredIndex
 
@@ -358,7 +368,6 @@ def run_demo(
     import time
 
     from jaxrescore.data.names import decode, name_ranks
-    from jaxrescore.index.seek import SeekIndex
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     prompt = check_prefix(prefix)
@@ -373,7 +382,7 @@ def run_demo(
         region, calibration = estimate["region_lp"], estimate["target_scored"]
     else:
         source, region, calibration = "given with --gap", None, 0
-    index = SeekIndex(draft, progress=progress or None)
+    index = _draft_index(draft, progress)
     result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
     exact = exact_target_cost(target, k) if measure_exact else None
     ranks = name_ranks()
@@ -501,7 +510,6 @@ def run_enumerate(
     """
     import time
 
-    from jaxrescore.index.seek import SeekIndex
     from jaxrescore.models.gap import estimate_gap
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
@@ -517,7 +525,7 @@ def run_enumerate(
             target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
         except ValueError as err:
             raise DemoArgumentError(f"prompt: {err}") from None
-    index = SeekIndex(draft, progress=progress or None)
+    index = _draft_index(draft, progress)
     if bits is not None:
         if not 0 <= bits < float("inf"):
             raise DemoArgumentError(f"bits must be a finite number >= 0, got {bits!r}")
