@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="retrain the demo's target transformer on the shipped names",
-        description="Retrain the demo target (same code as scripts/train_demo.py).",
+        description="Retrain the demo target (same code as scripts/train_demo.py): 7000 adamw "
+        "steps of 256 names sampled by birth count, about 9 minutes on 2 CPU cores.",
     )
     p.add_argument(
         "--out", type=Path, default=None, help="where to write the weights (default: shipped)"
