@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--gap",
         type=_gap,
         default=None,
-        help="assumed max |target - draft| log-prob gap in nats (default: measured on the name "
-        "list, plus a safety margin; an assumption, not a proof)",
+        help="assumed max |target - draft| log-prob gap in nats (default: the max observed on "
+        "common names and target samples the target rates near or above the answers, plus a "
+        "1-nat margin; an assumption, not a proof)",
     )
     p.add_argument("--prefix", default="", help="only names starting with this (lowercase a-z)")
     p.add_argument("--target", type=Path, default=None, help="target weights (default: shipped)")
