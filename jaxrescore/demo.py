@@ -322,6 +322,7 @@ def _outcome(result, windows, calls, sequences) -> dict:
         "certified": result.certified,
         "bound": result.bound,
         "gap": result.gap,
+        "excess": result.excess if np.isfinite(result.excess) else None,
         "reason": result.reason,
         "window": windows[-1],
         "windows_tried": windows,
@@ -358,7 +359,8 @@ def run_demo(
       A JSON-ready dict: ``items`` (``text``, ``target_log_prob``, ``draft_log_prob``),
       ``birth_ranks`` (rank by birth count, None for a string that is not a shipped name),
       ``true_top_k_overlap`` (how many items are among the ``k`` commonest names with the prefix),
-      ``certified``, ``bound``, ``gap`` (observed), ``reason``, ``assumed_gap``,
+      ``certified``, ``bound``, ``gap`` (observed max ``|target - draft|``), ``excess``
+      (observed max ``target - draft``, None before any finite pair), ``reason``, ``assumed_gap``,
       ``gap_source``, ``gap_region_lp`` (the lowest target log-prob the gap estimate covers;
       None for a given gap), ``gap_calibration_sequences`` (target-scored by the gap estimate, a
       one-off cost not counted in ``target_sequences``), ``gap_covers_answers`` (whether the
@@ -434,6 +436,10 @@ def _cost_lines(out: dict) -> list[str]:
     return lines
 
 
+def _nats(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f} nats"
+
+
 def _certificate_lines(out: dict) -> list[str]:
     gap = out.get("assumed_gap")
     lines = [
@@ -441,8 +447,9 @@ def _certificate_lines(out: dict) -> list[str]:
         f"assumed gap: {gap:.3f} nats ({out['gap_source']})"
         if gap is not None
         else "assumed gap: none (no certificate requested)",
-        f"observed max gap over all rescored sequences: {out['gap']:.3f} nats (a diagnostic; it "
-        f"includes sequences far below the answers)",
+        f"observed over all rescored sequences (diagnostics; they include sequences far below "
+        f"the answers): max |target - draft| {out['gap']:.3f} nats, max target - draft "
+        f"{_nats(out['excess'])}",
     ]
     if out.get("gap_covers_answers") is False:
         lines.append(
