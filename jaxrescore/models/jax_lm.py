@@ -79,6 +79,26 @@ def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int, what: str 
         )
 
 
+def check_prefixes(prefixes, lengths, vocab_size: int, max_len: int) -> SequenceBatch:
+    """The ``next_logprobs`` arguments as a checked SequenceBatch: ``prefixes: int32[B, T]``,
+    ``lengths: int32[B]`` each in ``[0, max_len - 1]``, tokens in ``[0, vocab_size)``."""
+    prefixes = np.asarray(prefixes, np.int32)
+    lengths = np.asarray(lengths, np.int32).reshape(-1)
+    if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
+        raise ValueError(
+            f"prefixes must be int32[B, T] and lengths int32[B], got shapes "
+            f"{prefixes.shape} and {lengths.shape}"
+        )
+    if lengths.size and (lengths.min() < 0 or lengths.max() >= max_len):
+        raise ValueError(
+            f"prefix lengths must lie in [0, {max_len - 1}] (max_len={max_len}), "
+            f"got range [{int(lengths.min())}, {int(lengths.max())}]"
+        )
+    batch = SequenceBatch(prefixes, lengths)
+    check_tokens(batch, vocab_size, max_len, what="prefixes")
+    return batch
+
+
 def check_eos_terminated(batch: SequenceBatch, eos: int, what: str) -> None:
     """ValueError unless every row ends with ``eos`` and has no earlier ``eos``."""
     n = batch.size
@@ -271,20 +291,8 @@ class JaxLM(DeviceBatched):
           prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
           lengths: int32[B], each in ``[0, max_len - 1]``.
         """
-        prefixes = np.asarray(prefixes, np.int32)
-        lengths = np.asarray(lengths, np.int32).reshape(-1)
-        if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
-            raise ValueError(
-                f"prefixes must be int32[B, T] and lengths int32[B], got shapes "
-                f"{prefixes.shape} and {lengths.shape}"
-            )
-        if lengths.size and (lengths.min() < 0 or lengths.max() >= self.max_len):
-            raise ValueError(
-                f"prefix lengths must lie in [0, {self.max_len - 1}] (max_len={self.max_len}), "
-                f"got range [{int(lengths.min())}, {int(lengths.max())}]"
-            )
-        batch = SequenceBatch(prefixes, lengths)
-        check_tokens(batch, self.vocab_size, self.max_len, what="prefixes")
+        batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
+        prefixes, lengths = batch
         if batch.size == 0:
             return np.zeros((0, self.vocab_size), np.float32)
         width = self.length_bucket(int(lengths.max()) + 1)

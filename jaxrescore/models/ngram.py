@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_tokens
+from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 
 
@@ -220,20 +220,8 @@ class NGramLM(DeviceBatched):
           prefixes: int32[B, T], left-aligned prefixes.
           lengths: int32[B], each in ``[0, max_len - 1]``.
         """
-        prefixes = np.asarray(prefixes, np.int32)
-        lengths = np.asarray(lengths, np.int32).reshape(-1)
-        if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
-            raise ValueError(
-                f"prefixes must be int32[B, T] and lengths int32[B], got shapes "
-                f"{prefixes.shape} and {lengths.shape}"
-            )
-        if lengths.size and (lengths.min() < 0 or lengths.max() >= self.max_len):
-            raise ValueError(
-                f"prefix lengths must lie in [0, {self.max_len - 1}] (max_len={self.max_len}), "
-                f"got range [{int(lengths.min())}, {int(lengths.max())}]"
-            )
-        batch = SequenceBatch(prefixes, lengths)
-        check_tokens(batch, self.vocab_size, self.max_len, what="prefixes")
+        batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
+        prefixes, lengths = batch
         if batch.size == 0:
             return np.zeros((0, self.vocab_size), np.float32)
         k_top = self.order - 1
