@@ -86,20 +86,27 @@ def from_tuples(seqs: Iterable[Sequence[int]], *, length: int | None = None) -> 
     return SequenceBatch(toks, lens)
 
 
+def checked_batch(tokens, lengths, *, what: str = "seqs") -> SequenceBatch:
+    """``tokens: int32[N, T]`` and ``lengths: int32[N]`` (each in ``[0, T]``) as a SequenceBatch of
+    numpy arrays; a ValueError naming ``what`` otherwise."""
+    toks = np.asarray(tokens)
+    lens = np.asarray(lengths)
+    if toks.ndim != 2 or lens.shape != (toks.shape[0],):
+        raise ValueError(
+            f"{what} must be tokens int32[N, T] with lengths int32[N], got shapes {toks.shape} and {lens.shape}"
+        )
+    if lens.size and (lens.min() < 0 or lens.max() > toks.shape[1]):
+        raise ValueError(
+            f"{what} lengths must lie in [0, {toks.shape[1]}], got range [{int(lens.min())}, {int(lens.max())}]"
+        )
+    return SequenceBatch(toks.astype(np.int32, copy=False), lens.astype(np.int32, copy=False))
+
+
 def as_sequence_batch(seqs) -> SequenceBatch:
-    """Accept a :class:`SequenceBatch`, a ``(tokens, lengths)`` pair of arrays, or a list of token
-    sequences, and return a :class:`SequenceBatch` with numpy int32 arrays."""
+    """Accept a :class:`SequenceBatch`, a 2-D integer array (every row full length), or a list of
+    token sequences, and return a :class:`SequenceBatch` with numpy int32 arrays."""
     if isinstance(seqs, SequenceBatch):
-        toks = np.asarray(seqs.tokens, dtype=np.int32)
-        lens = np.asarray(seqs.lengths, dtype=np.int32)
-        if toks.ndim != 2 or lens.shape != (toks.shape[0],):
-            raise ValueError(
-                f"SequenceBatch needs tokens int32[N, T] and lengths int32[N], got shapes "
-                f"{toks.shape} and {lens.shape}"
-            )
-        if lens.size and (lens.min() < 0 or lens.max() > toks.shape[1]):
-            raise ValueError(f"SequenceBatch lengths must lie in [0, {toks.shape[1]}]")
-        return SequenceBatch(toks, lens)
+        return checked_batch(seqs.tokens, seqs.lengths, what="SequenceBatch")
     if isinstance(seqs, np.ndarray) and seqs.ndim == 2:
         return SequenceBatch(seqs.astype(np.int32), np.full(seqs.shape[0], seqs.shape[1], np.int32))
     return from_tuples(list(seqs))

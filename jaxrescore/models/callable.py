@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxrescore.sequences import as_sequence_batch, bucket_size
+from jaxrescore.sequences import as_sequence_batch, bucket_size, checked_batch
 
 # log-probs up to this far above 0 are float noise of a log_softmax, not a broken model.
 SIGN_TOL = 1e-5
@@ -92,17 +92,9 @@ class CallableModel:
           prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
           lengths: int32[B], each in ``[0, T]``.
         """
-        prefixes = np.asarray(prefixes)
-        lengths = np.asarray(lengths)
-        if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
-            raise ValueError(
-                f"prefixes must be int[B, T] and lengths int[B], got shapes {prefixes.shape} and "
-                f"{lengths.shape}"
-            )
-        if lengths.size and (lengths.min() < 0 or lengths.max() > prefixes.shape[1]):
-            raise ValueError(f"lengths must lie in [0, {prefixes.shape[1]}], got {lengths.tolist()}")
+        prefixes, lengths = checked_batch(prefixes, lengths, what="prefixes")
         if self.batched:
-            return self._batched_rows(prefixes.astype(np.int32), lengths.astype(np.int32))
+            return self._batched_rows(prefixes, lengths)
         return self._per_prefix_rows(prefixes, lengths)
 
     def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrescore.models.prompt import PromptableMixin
-from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size, checked_batch
 
 
 @partial(jax.jit, static_argnums=0)
@@ -82,19 +82,13 @@ def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int, what: str 
 def check_prefixes(prefixes, lengths, vocab_size: int, max_len: int) -> SequenceBatch:
     """The ``next_logprobs`` arguments as a checked SequenceBatch: ``prefixes: int32[B, T]``,
     ``lengths: int32[B]`` each in ``[0, max_len - 1]``, tokens in ``[0, vocab_size)``."""
-    prefixes = np.asarray(prefixes, np.int32)
-    lengths = np.asarray(lengths, np.int32).reshape(-1)
-    if prefixes.ndim != 2 or lengths.shape != (prefixes.shape[0],):
-        raise ValueError(
-            f"prefixes must be int32[B, T] and lengths int32[B], got shapes "
-            f"{prefixes.shape} and {lengths.shape}"
-        )
-    if lengths.size and (lengths.min() < 0 or lengths.max() >= max_len):
+    batch = checked_batch(prefixes, np.asarray(lengths).reshape(-1), what="prefixes")
+    lengths = batch.lengths
+    if lengths.size and lengths.max() >= max_len:
         raise ValueError(
             f"prefix lengths must lie in [0, {max_len - 1}] (max_len={max_len}), "
             f"got range [{int(lengths.min())}, {int(lengths.max())}]"
         )
-    batch = SequenceBatch(prefixes, lengths)
     check_tokens(batch, vocab_size, max_len, what="prefixes")
     return batch
 
