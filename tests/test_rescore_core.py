@@ -88,9 +88,18 @@ def test_carry_tracks_gap_over_finite_valid_pairs():
     assert float(below.max_gap) == 2.0 and float(below.max_excess) == -2.0
 
 
-def test_nan_target_rows_are_never_returned():
+def test_nan_target_rows_are_never_returned_and_void_the_certificate():
     out, _ = run([NAN, -1.0, -2.0], k=3)
     assert out.perm[:2].tolist() == [1, 2] and out.mask.tolist()[:3] == [True, True, False]
+    # the bound is read at the end of the pulled prefix, and an unscored row blocks certification
+    out, _ = run([NAN, -2.0, -3.0, -4.0], edges=[-1.0, -6.0, -7.0, -20.0], k=2, gap=0.5)
+    assert int(out.certified) == 0 and float(out.bound) == -20.0
+
+
+def test_negative_start_never_duplicates_rows_or_certifies():
+    out, _ = run([-1.0, -2.0, -3.0], edges=[NAN, NAN, -50.0], start=-1, k=2, gap=0.0)
+    assert out.mask.tolist()[:2] == [False, True] and out.perm[1] == 0
+    assert int(out.certified) == 0
 
 
 def test_jitted_vmapped_sweep_equals_per_query_loop():

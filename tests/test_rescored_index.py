@@ -134,12 +134,23 @@ def test_short_result_certifies_on_true_exhaustion_only():
     assert len(short.items) == len(truncated) and short.certified is False
 
 
-def test_ran_out_index_without_truncation_report_is_exhausted():
+def test_running_out_is_exhaustion_only_with_an_explicit_report():
     draft, target = pair(9, vocab=2, max_len=2)
     index = BruteIndex(draft, with_bound=False, batch=False)
-    del index.truncated, index.dropped_upper
     result = RescoredIndex(index, target, rerank_window=5, assumed_gap=0.0).top_k(2)
-    assert result.certified is True and len(result.items) == 2
+    assert result.certified is True and len(result.items) == 2 and "truncated=False" in result.reason
+    del index.truncated, index.dropped_upper  # e.g. an approximate index stopping at an estimate
+    result = RescoredIndex(index, target, rerank_window=5, assumed_gap=0.0).top_k(2)
+    assert result.certified is False and "not proven exhaustion" in result.reason
+
+
+def test_an_index_that_repeats_sequences_never_certifies():
+    draft, target = pair(19, vocab=2, max_len=2)
+    index = BruteIndex(draft)
+    index.rows = [index.rows[0]] * 3 + index.rows  # the best sequence three extra times
+    result = RescoredIndex(index, target, rerank_window=10, assumed_gap=5.0).top_k(3)
+    seqs = [s for s, _ in result.items]
+    assert len(set(seqs)) == 3 and result.certified is False and "more than once" in result.reason
 
 
 def test_foreign_index_rules():

@@ -121,14 +121,15 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     """Target-rerank one query over a pulled batch and decide its certificate.
 
     Args:
-      target_lps: float[N], target scores of the pulled rows (NaN rows are treated as invalid; the
-        shell reports NaN from a target as an error before it gets here).
+      target_lps: float[N], target scores of the pulled rows. A NaN row is never returned and
+        makes the certificate 0 (the shell reports NaN from a target as an error before here).
       draft_lps: float[N], draft scores of the pulled rows.
       valid: bool[N], True on this query's pulled rows; must be a prefix (rows ``0..n-1``).
       edge_bounds: float[N], ``edge_bounds[j]`` = sound upper bound on the draft score of every
         sequence ranked after row ``j`` (``-inf``: none exists; NaN: no bound). Only
-        ``edge_bounds[n - 1]`` is read (``edge_bounds[0]`` when ``n == 0``).
-      start: int[], first target rank returned.
+        ``edge_bounds[n - 1]`` is read, ``n = sum(valid)`` (``edge_bounds[0]`` when ``n == 0``).
+      start: int[], first target rank returned, >= 0 (a negative start returns only the ranks >= 0
+        of the slice and never certifies).
       k: int[], number of items asked for, ``1 <= k <= k_max``.
       assumed_gap: float[], assumed bound on ``|target - draft|``; NaN = not supplied.
       carry: the :class:`GapCarry` before this call.
@@ -138,23 +139,29 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
       ``(RescoreOutput, GapCarry)``.
     """
     target_lps = jnp.asarray(target_lps)
-    valid = jnp.asarray(valid, bool) & ~jnp.isnan(target_lps)
+    pulled = jnp.asarray(valid, bool)
+    n_pulled = jnp.sum(pulled, dtype=jnp.int32)
+    scored = ~jnp.isnan(target_lps)
+    valid = pulled & scored
     n_rows = target_lps.shape[0]
     n_valid = jnp.sum(valid, dtype=jnp.int32)
 
     order = target_order(target_lps, valid)
     slots = jnp.arange(k_max, dtype=jnp.int32)
     ranks = start + slots
-    mask = (slots < k) & (ranks < n_valid)
+    mask = (slots < k) & (ranks >= 0) & (ranks < n_valid)
     perm = jnp.where(mask, order[jnp.clip(ranks, 0, n_rows - 1)], 0)
     log_probs = jnp.where(mask, target_lps[perm], -jnp.inf)
 
     worst = jnp.min(jnp.where(mask, log_probs, jnp.inf))
-    edge = jnp.asarray(edge_bounds)[jnp.clip(n_valid - 1, 0, n_rows - 1)]
+    # The bound covers what lies beyond the PULLED prefix; an unscored (NaN) pulled row is a
+    # candidate nobody ranked, so no certificate can hold while one exists.
+    edge = jnp.asarray(edge_bounds)[jnp.clip(n_pulled - 1, 0, n_rows - 1)]
     exhausted = edge == -jnp.inf
     has_bound = ~jnp.isnan(edge)
-    full = jnp.sum(mask) >= k
-    proven = exhausted | (full & has_bound & _clears(worst, edge, assumed_gap))
+    full = (jnp.sum(mask) >= k) & (start >= 0)
+    all_scored = ~jnp.any(pulled & ~scored)
+    proven = all_scored & (exhausted | (full & has_bound & _clears(worst, edge, assumed_gap)))
     requested = ~jnp.isnan(assumed_gap)
     certified = jnp.where(requested, proven.astype(jnp.int8), jnp.int8(CERT_NONE))
     bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)

@@ -5,7 +5,9 @@ What is trusted, in order (DESIGN.md §4):
 1. ``bucket_bound(n)`` (our :class:`~jaxrescore.index.SeekIndex`): the index's own sound upper bound
    on the draft score of every sequence ranked ``>= n`` or never indexed; ``-inf`` means none exists.
 2. Running out (``unrank`` raising IndexError, or ``len()`` below the extent after
-   ``ensure_count``) is exhaustion unless the index reports ``truncated`` or ``dropped_upper > 0``.
+   ``ensure_count``) is exhaustion only when the index reports ``truncated is False`` and
+   ``dropped_upper == 0``: an approximate index (the reference library's envelope index) stops at
+   an estimated size without either report, so running out proves nothing there.
 3. A foreign index with only a ``.quantizer`` (e.g. the reference library's SeekIndex) is trusted as
    ordered by structural fine bucket (the sum of per-step buckets, ``TOL = 1e-9``) only if it
    reports ``truncated`` and ``dropped_upper`` and ``dropped_upper == 0``. Every sequence ranked
@@ -15,8 +17,8 @@ What is trusted, in order (DESIGN.md §4):
    The reference library's own rule, the bucket of the edge item's TOTAL score, misses exactly
    that per-step slack; its model's ``structural_fine_bucket`` is also the bucket of the total
    (not the per-step sum its index orders by), so it is not trusted either.
-4. Anything else (no quantizer, no truncation report, dropped sequences) offers no bound: NaN, and
-   certification answers False with the reason.
+4. Anything else (no quantizer, no truncation report, dropped sequences, a sequence returned twice)
+   offers no bound: NaN, and certification answers False with the reason.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ class DraftPull(NamedTuple):
       seqs: the pulled sequences as tuples of ints, in draft rank order.
       draft_lps: float64[P], their draft log-probs as the index reported them.
       ran_out: True when the index held fewer sequences than asked for.
+      repeated: True when the index returned some sequence more than once (only the first
+        occurrence is kept): it is then no exact enumeration and no bound is trusted.
     """
 
     seqs: list
     draft_lps: np.ndarray
     ran_out: bool
+    repeated: bool = False
 
 
 class DraftBound(NamedTuple):
@@ -72,28 +77,41 @@ class DraftView:
         self.index = index
 
     def pull(self, extent: int) -> DraftPull:
-        """The first ``extent`` sequences in draft order (fewer if the index runs out)."""
+        """The first ``extent`` sequences in draft order (fewer if the index runs out), each once."""
+        seqs, lps, ran_out = self._raw_pull(extent)
+        first = {}
+        for i, seq in enumerate(seqs):
+            first.setdefault(seq, i)
+        if len(first) == len(seqs):
+            return DraftPull(seqs, lps, ran_out)
+        keep = sorted(first.values())
+        return DraftPull([seqs[i] for i in keep], lps[keep], ran_out, repeated=True)
+
+    def _raw_pull(self, extent: int) -> tuple[list, np.ndarray, bool]:
         idx = self.index
         if callable(getattr(idx, "ensure_count", None)):
             idx.ensure_count(extent)
         if callable(getattr(idx, "unrank_batch", None)) and hasattr(idx, "__len__"):
             n = min(extent, len(idx))
             seqs, lps = idx.unrank_batch(np.arange(n, dtype=np.int64)) if n else ([], [])
-            seqs = [_as_tuple(s) for s in seqs]
-            return DraftPull(seqs, np.asarray(lps, np.float64).reshape(n), n < extent)
+            return [_as_tuple(s) for s in seqs], np.asarray(lps, np.float64).reshape(n), n < extent
         seqs, lps = [], []
         for i in range(extent):
             try:
                 seq, lp = idx.unrank(i)
             except IndexError:
-                return DraftPull(seqs, np.asarray(lps, np.float64), True)
+                return seqs, np.asarray(lps, np.float64), True
             seqs.append(_as_tuple(seq))
             lps.append(float(lp))
-        return DraftPull(seqs, np.asarray(lps, np.float64), False)
+        return seqs, np.asarray(lps, np.float64), False
 
     def bound(self, n: int, pull: DraftPull) -> DraftBound:
         """Sound upper bound on the draft score of every sequence not among the first ``n`` pulled."""
         idx = self.index
+        if pull.repeated:
+            return DraftBound(
+                math.nan, "the draft index returned the same sequence more than once: not an exact enumeration"
+            )
         if callable(getattr(idx, "bucket_bound", None)):
             value = float(idx.bucket_bound(n))
             if math.isnan(value):
@@ -103,9 +121,13 @@ class DraftView:
         if dropped != 0:
             return DraftBound(math.nan, f"the draft index dropped up to {dropped:g} sequences that no bound covers")
         if pull.ran_out and n >= len(pull.seqs):
-            if bool(getattr(idx, "truncated", False)):
-                return DraftBound(math.nan, "the draft index ran out while truncated: not exhausted, no bound")
-            return DraftBound(-math.inf, "the draft index ran out and reports no truncation")
+            if getattr(idx, "truncated", None) is False and hasattr(idx, "dropped_upper"):
+                return DraftBound(-math.inf, "the draft index ran out and reports truncated=False, dropped_upper=0")
+            return DraftBound(
+                math.nan,
+                "the draft index ran out but does not report truncated=False and dropped_upper=0, so "
+                "running out is not proven exhaustion",
+            )
         quantizer = getattr(idx, "quantizer", None)
         if quantizer is None:
             return DraftBound(math.nan, "the draft index exposes no quantizer, so no sound bound exists")

@@ -81,7 +81,8 @@ class RescoreResult:
         relies on: a target scoring far ABOVE its draft is what could hide a sequence; a draft
         over-scoring junk cannot); -inf before any finite pair.
       draft_log_probs: the draft's log-prob of each item, aligned with ``items``.
-      draft_ranks: the draft rank of each item, aligned with ``items``.
+      draft_ranks: the draft rank of each item, aligned with ``items`` (its position in the pulled
+        head; an index that repeats a sequence has the repeats dropped and never certifies).
     """
 
     items: list
@@ -286,13 +287,13 @@ class RescoredIndex:
             bound=None if math.isnan(bound) else bound,
             gap=float(out.gap[i]),
             excess=float(out.excess[i]),
-            reason=_reason(q, items, code, bounds.get(n), n, len(pull.seqs) < q.extent),
+            reason=_reason(q, items, code, bounds.get(n), n),
             draft_log_probs=tuple(float(pull.draft_lps[r]) for r in rows),
             draft_ranks=tuple(int(r) for r in rows),
         )
 
 
-def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int, short_pull: bool) -> str:
+def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int) -> str:
     """Why the certificate came out as it did, from the same facts the core decided on."""
     if code == CERT_NONE:
         return "no assumed_gap supplied: certification not attempted"
@@ -302,8 +303,7 @@ def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int,
     if math.isnan(bound.value):
         return f"no sound bound on unpulled sequences: {bound.why}"
     if len(items) < q.k:
-        why = "the draft ran out" if short_pull else "the slice starts past the pulled head"
-        return f"only {len(items)} of k={q.k} items and {why}, but the draft is not exhausted"
+        return f"only {len(items)} of k={q.k} items: the draft ran out, but it is not exhausted"
     worst = items[-1][1]
     need = bound.value + q.gap
     verb = "clears" if code == CERT_TRUE else "does not clear"
