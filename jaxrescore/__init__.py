@@ -20,7 +20,9 @@ from jaxrescore.models import (
     train_lm,
 )
 from jaxrescore.quantize import Quantizer
-from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore, rescore_many
+# The pure core stays at ``jaxrescore.rescore.rescore``: re-exporting the function here would
+# shadow the ``jaxrescore.rescore`` subpackage.
+from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore_many
 from jaxrescore.sequences import SequenceBatch
 
 __all__ = [
@@ -40,7 +42,6 @@ __all__ = [
     "init_carry",
     "load_model",
     "quantize_int8",
-    "rescore",
     "rescore_many",
     "save_model",
     "train_lm",
