@@ -29,8 +29,9 @@ def sample_sequences(model, n: int, *, seed: int = 0) -> SequenceBatch:
         if model.eos is not None and j == t - 1:
             tokens[alive, j] = model.eos
             break
-        # Finished rows ride along, so every step has the same batch shape (fewer compiles).
-        lp = model.next_logprobs(tokens[:, : max(j, 1)], np.full(n, j, np.int32))
+        # Finished rows ride along as the empty prefix (always a valid one, unlike a prefix past
+        # eos), so every step has the same batch shape (fewer compiles).
+        lp = model.next_logprobs(tokens[:, : max(j, 1)], np.where(alive, j, 0).astype(np.int32))
         cdf = np.cumsum(np.exp(lp.astype(np.float64)), axis=1)
         u = rng.random(n) * cdf[:, -1]
         tok = np.minimum((cdf < u[:, None]).sum(axis=1), model.vocab_size - 1)
