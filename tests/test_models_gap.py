@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 
@@ -60,9 +62,11 @@ def test_gap_input_checks():
 
 def test_sampling_never_asks_a_per_prefix_model_about_prefixes_past_eos():
     # A reference-style per-prefix table only knows in-support prefixes: asking past eos fails.
-    tables = {(): np.log([0.5, 0.3, 0.2]), (1,): np.log([0.6, 0.2, 0.2]), (2,): np.log([0.7, 0.1, 0.2])}
-    for p in [(1, 1), (1, 2), (2, 1), (2, 2)]:
-        tables[p] = np.log([0.9, 0.05, 0.05])
+    tables = {
+        p: np.log([0.5 + 0.1 * len(p), 0.3 - 0.05 * len(p), 0.2 - 0.05 * len(p)])
+        for n in range(4)
+        for p in itertools.product([1, 2], repeat=n)
+    }
     model = CallableModel(lambda p: (np.arange(3), tables[tuple(p)]), vocab_size=3, max_len=4, eos=0)
     samples = sample_sequences(model, 64, seed=1)
     assert all(s[-1] == 0 and 0 not in s[:-1] for s in samples.to_tuples())
