@@ -158,3 +158,16 @@ def test_float_noise_is_tolerated():
     lp = np.log(np.float32([0.5, 0.5])) + np.float32(1e-7)
     m = CallableModel(lambda p: (np.array([0, 1]), lp), vocab_size=2, max_len=1)
     assert rows(m, [()]).shape == (1, 2)
+
+
+def test_prompted_callable_scores_conditional_continuations():
+    tables = {p: np.log([0.2, 0.5, 0.3]) if len(p) % 2 else np.log([0.4, 0.4, 0.2]) for p in
+              [(), (1,), (2,), (1, 1), (1, 2), (2, 1), (2, 2)]}
+    model = CallableModel(lambda p: (np.arange(3), tables[tuple(p)]), vocab_size=3, max_len=3, eos=0)
+    prompted = model.with_prompt((1,))
+    assert prompted.max_len == 2
+    got = prompted.score_sequences([(0,), (2, 0)])
+    first = float(np.float32(np.log(0.4)))  # the model's rows are float32
+    want = [model.log_density((1, 0)) - first, model.log_density((1, 2, 0)) - first]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert model.score_sequences([(1, 2, 0)], skip=[3])[0] == 0.0

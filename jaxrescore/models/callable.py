@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 
+from jaxrescore.models.jax_lm import skip_mask
+from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import as_sequence_batch, bucket_size, checked_batch
 
 # log-probs up to this far above 0 are float noise of a log_softmax, not a broken model.
@@ -43,7 +45,7 @@ def _positive_int(value, name: str, *, allow_none: bool = False, minimum: int = 
     return int(value)
 
 
-class CallableModel:
+class CallableModel(PromptableMixin):
     """An autoregressive model given by a next-token function (see the module docstring).
 
     Args:
@@ -172,20 +174,21 @@ class CallableModel:
         last = np.where(lengths > 0, tokens[np.arange(len(lengths)), np.maximum(lengths - 1, 0)], -1)
         return (lengths >= 1) & (lengths <= self.max_len) & (last == self.eos) & (is_eos.sum(1) == 1)
 
-    def score_sequences(self, seqs) -> np.ndarray:
+    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
         """Log-probs ``float64[N]``: the float64 sum of the model's per-step log-probs (EOS step
         included); ``-inf`` for a sequence outside the support.
 
         Args:
-          seqs: a SequenceBatch, a ``(tokens, lengths)`` pair, an int[N, T] array or a list of token
-            sequences.
+          seqs: a SequenceBatch, an int[N, T] array or a list of token sequences.
+          skip: optional int[N]: the first ``skip[i]`` steps of row ``i`` are left out of its sum
+            (a conditioning prompt; see ``with_prompt``).
         """
         batch = as_sequence_batch(seqs)
-        toks, lens = np.asarray(batch.tokens), np.asarray(batch.lengths)
+        toks, lens = batch
         n = toks.shape[0]
         ok = self.in_support(toks, lens)
         # one row per (sequence, position) step of every in-support sequence
-        seq_idx, pos = np.nonzero(ok[:, None] & (np.arange(toks.shape[1])[None, :] < lens[:, None]))
+        seq_idx, pos = np.nonzero(ok[:, None] & skip_mask(batch, skip, toks.shape[1]))
         out = np.full(n, -np.inf)
         out[ok] = 0.0
         for lo in range(0, seq_idx.size, SCORE_CHUNK):
