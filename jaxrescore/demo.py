@@ -124,7 +124,10 @@ def load_target(path: str | os.PathLike | None = None):
     path = shipped_target_path() if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no model file at {str(path)!r}")
-    return load_model(path)
+    try:
+        return load_model(path)
+    except ValueError as e:
+        raise DemoArgumentError(str(e)) from None
 
 
 class DemoArgumentError(ValueError):
@@ -521,6 +524,8 @@ def run_enumerate(
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     start = time.perf_counter()
+    if bits is not None and not 0 <= bits < float("inf"):
+        raise DemoArgumentError(f"bits must be a finite number >= 0, got {bits!r}")
     target, draft = load_target(target_path), load_target(draft_path)
     if (target.vocab_size, target.eos) != (draft.vocab_size, draft.eos):
         raise DemoArgumentError(
@@ -534,8 +539,6 @@ def run_enumerate(
             raise DemoArgumentError(f"prompt: {err}") from None
     index = _draft_index(draft, progress)
     if bits is not None:
-        if not 0 <= bits < float("inf"):
-            raise DemoArgumentError(f"bits must be a finite number >= 0, got {bits!r}")
         index.ensure_bits(bits)
     result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
     hint = estimate_gap(draft, target, n=GAP_SAMPLES) if draft.max_len >= target.max_len else None

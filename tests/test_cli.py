@@ -89,12 +89,21 @@ def test_demo_prefix(capsys):
         (["enumerate", "--target", "/nonexistent.npz", "--draft", "/nonexistent.npz"], "no model file"),
         (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1,a"], "comma-separated"),
         (["train", "--steps", "0"], "positive integer"),
+        (["enumerate", "--target", "x", "--draft", "y", "--bits", "-1"], "bits must be"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_file_that_is_not_a_model_exits_2_with_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a model")
+    assert main(["demo", "--target", str(bad), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a jaxrescore model file" in err, err
 
 
 @pytest.fixture(scope="module")

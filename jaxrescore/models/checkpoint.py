@@ -17,6 +17,7 @@ ValueError on any difference, so a file never half-loads into the wrong architec
 from __future__ import annotations
 
 import json
+import zipfile
 import os
 import tempfile
 
@@ -76,7 +77,15 @@ def save_model(model, path) -> None:
 def load_model(path, *, mesh=None):
     """Read a model written by :func:`save_model`; ``mesh`` as in the model constructors."""
     path = os.fspath(path)
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path!r} is not a jaxrescore model file (not a readable .npz archive)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path!r} is not a jaxrescore model file (a bare array, not an .npz archive)")
+    with archive as data:
         if META not in data.files:
             raise ValueError(f"{path!r} is not a jaxrescore model file (no {META} entry)")
         meta = json.loads(str(data[META]))
