@@ -75,7 +75,8 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         default=None,
         help="extra draft candidates rescored by the target (default: a 64-wide first query, then, "
-        "if it does not certify, one query exactly as deep as the certificate needs)",
+        "if it does not certify, one query deep enough for the certificate: the pull is grown in 25%% "
+        "steps until the draft bound allows it)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
