@@ -503,12 +503,12 @@ class SeekIndex:
         if arr.size:
             self.ensure_count(int(arr.max()) + 1)
             if arr.max() >= len(self):
-                raise IndexError(self._beyond_message(int(arr.max())))
+                raise IndexError(self._beyond_message(f"rank {int(arr.max())}"))
         return arr
 
-    def _beyond_message(self, i: int) -> str:
+    def _beyond_message(self, what: str) -> str:
         why = "the support is exhausted" if self.exhausted else f"max_depth_bits={self.max_depth_bits:g} was reached"
-        return f"rank {i} is beyond the {len(self)} sequences indexed ({why})"
+        return f"{what} is beyond the {len(self)} sequences indexed ({why})"
 
     def unrank_batch(self, ranks) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """The sequences at ``ranks: int[N]`` and their draft log-probs ``float64[N]`` (deepens as
@@ -592,7 +592,7 @@ class SeekIndex:
         rank = _int_arg(rank, "rank", minimum=1)
         self.ensure_count(rank)
         if len(self) < rank:
-            raise IndexError(self._beyond_message(rank - 1))
+            raise IndexError(self._beyond_message(f"threshold rank {rank} (1-based)"))
         v = float(-np.partition(-self._seq_lp, rank - 1)[rank - 1])
         # once every sequence scoring >= v is indexed, the rank-th largest indexed score is exact
         _, possible = self._bucket_range(v)
