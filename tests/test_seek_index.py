@@ -243,7 +243,7 @@ def test_tampered_array_fails_the_checksum(tmp_path):
 
 def test_other_version_is_refused(tmp_path, monkeypatch):
     path, model = _saved(tmp_path)
-    monkeypatch.setattr(seek_io, "VERSION", 2)
+    monkeypatch.setattr(seek_io, "VERSION", seek_io.VERSION + 1)
     with pytest.raises(ValueError, match="version"):
         SeekIndex.load(path, model)
 

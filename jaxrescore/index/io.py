@@ -21,7 +21,7 @@ import numpy as np
 from jaxrescore.quantize import Quantizer
 
 FORMAT = "jaxrescore.SeekIndex"
-VERSION = 1
+VERSION = 2  # 2: max_len cuts kept apart from branch_cap drops
 # Root rows agree if every finite log-prob matches within this (float32 forwards on other hardware).
 ROOT_ATOL = 1e-4
 
@@ -60,6 +60,7 @@ def save_index(index, path) -> None:
         "budget": index._budget,
         "frontier_min": index._frontier_min,
         "cut_min": index._cut_min,
+        "length_cut_min": index._length_cut_min,
         "dropped": str(index._dropped),  # may exceed 2**63
         "forwards": index.forwards,
         "builds": index.builds,
@@ -141,6 +142,7 @@ def load_index(cls, path, model, *, progress=None, chunk_rows=4096):
         index._budget = int(header["budget"])
         index._frontier_min = int(header["frontier_min"])
         index._cut_min = int(header["cut_min"])
+        index._length_cut_min = int(header["length_cut_min"])
         index._dropped = int(header["dropped"])
         index.forwards = int(header["forwards"])
         index.builds = int(header["builds"])

@@ -165,7 +165,8 @@ class SeekIndex:
         self._row_ids: list[np.ndarray] = []  # expanded nodes, chunk by chunk
         self._rows: list[np.ndarray] = []  # their next-token rows float32[b, V], cut cells at -inf
         self._frontier_min = NO_BUCKET  # smallest bucket of a child beyond the budget
-        self._cut_min = NO_BUCKET  # smallest bucket of a child cut for good (branch_cap, max_len)
+        self._cut_min = NO_BUCKET  # smallest bucket of a child dropped for good by branch_cap
+        self._length_cut_min = NO_BUCKET  # smallest bucket of a terminating prefix cut at max_len
         self._dropped = 0  # upper bound on support sequences below branch_cap drops
         self._root_row: np.ndarray | None = None
         self._rank()
@@ -185,7 +186,7 @@ class SeekIndex:
     def truncated(self) -> bool:
         """True while some sequence of the support may be missing: children beyond the budget,
         ``branch_cap`` drops, or prefixes of a terminating model cut at ``max_len``."""
-        return self._frontier_min < NO_BUCKET or self._cut_min < NO_BUCKET
+        return min(self._frontier_min, self._cut_min, self._length_cut_min) < NO_BUCKET
 
     @property
     def exhausted(self) -> bool:
@@ -201,15 +202,24 @@ class SeekIndex:
             return math.inf
         return self._dropped
 
-    def bucket_bound(self, n: int) -> float:
+    def bucket_bound(self, n: int, *, length_cuts: bool = True) -> float:
         """A sound upper bound on the draft log-prob of every support sequence ranked ``>= n`` or
         not indexed at all; ``-inf`` iff provably no such sequence exists.
 
         It is the best-case edge (``Quantizer.edge`` over ``max_len`` steps) of the smallest bucket
         among item ``n`` and every cut prefix; a prefix's bucket lower-bounds its completions'.
+
+        Args:
+          n: a rank >= 0.
+          length_cuts: include the prefixes of a terminating model cut at ``max_len`` (their
+            completions are longer than ``max_len``). False is sound only for a consumer whose own
+            support ends at ``max_len`` too, e.g. a target with ``max_len`` no larger than this
+            model's: RescoredIndex passes it then.
         """
         n = _int_arg(n, "n", minimum=0)
         fb = min(self._frontier_min, self._cut_min)
+        if length_cuts:
+            fb = min(fb, self._length_cut_min)
         if n < len(self):
             fb = min(fb, int(self._seq_fb[n]))
         if fb >= NO_BUCKET:
@@ -256,11 +266,14 @@ class SeekIndex:
 
     def _grow(self, budget: int) -> None:
         """One build pass, all or nothing: a model error midway leaves the index as it was."""
-        saved = (self._nodes.n, len(self._rows), self._cut_min, self._dropped, self.forwards, self._root_row)
+        saved = (
+            self._nodes.n, len(self._rows), self._cut_min, self._length_cut_min, self._dropped, self.forwards,
+            self._root_row,
+        )
         try:
             self._grow_pass(budget)
         except BaseException:
-            n_nodes, n_rows, self._cut_min, self._dropped, self.forwards, self._root_row = saved
+            n_nodes, n_rows, self._cut_min, self._length_cut_min, self._dropped, self.forwards, self._root_row = saved
             self._nodes.n = n_nodes
             del self._rows[n_rows:], self._row_ids[n_rows:]
             raise
@@ -382,7 +395,8 @@ class SeekIndex:
 
     def _cut(self, ids: np.ndarray, depth: int, rows: np.ndarray) -> np.ndarray:
         """Apply ``branch_cap`` and the ``max_len`` cut of a terminating model to fresh rows: the cut
-        cells become -inf (so deepening never admits them) and their buckets feed ``_cut_min``."""
+        cells become -inf (so deepening never admits them) and their buckets feed ``_cut_min``
+        (branch_cap) and ``_length_cut_min`` (max_len)."""
         width = rows.shape[1]
         capped = self.branch_cap is not None and width > self.branch_cap
         at_max_len = self.eos is not None and depth + 1 == self.max_len
@@ -390,6 +404,7 @@ class SeekIndex:
             return rows
         finite = np.isfinite(rows)
         cut = np.zeros_like(finite)
+        at_limit = np.zeros_like(finite)
         if capped:
             order = np.argsort(-rows, axis=1, kind="stable")[:, self.branch_cap :]
             dropped = np.zeros_like(finite)
@@ -398,16 +413,20 @@ class SeekIndex:
             self._dropped += self._completions(depth + 1, dropped, width)
             cut |= dropped
         if at_max_len:
-            at_limit = finite.copy()
+            at_limit = finite & ~cut
             if self.eos < width:
                 at_limit[:, self.eos] = False
-            cut |= at_limit
-        if not cut.any():
-            return rows
-        r, tok = np.nonzero(cut)
-        cut_fb = self._nodes.fb[ids][r] + self._step_buckets(rows[r, tok])
-        self._cut_min = min(self._cut_min, int(cut_fb.min()))
-        return np.where(cut, np.float32(-np.inf), rows)
+        self._cut_min = min(self._cut_min, self._min_bucket(ids, rows, cut))
+        self._length_cut_min = min(self._length_cut_min, self._min_bucket(ids, rows, at_limit))
+        cut |= at_limit
+        return np.where(cut, np.float32(-np.inf), rows) if cut.any() else rows
+
+    def _min_bucket(self, ids: np.ndarray, rows: np.ndarray, cells: np.ndarray) -> int:
+        """The smallest cumulative bucket of the children ``cells: bool[b, V]`` (NO_BUCKET if none)."""
+        if not cells.any():
+            return NO_BUCKET
+        r, tok = np.nonzero(cells)
+        return int((self._nodes.fb[ids][r] + self._step_buckets(rows[r, tok])).min())
 
     def _completions(self, depth: int, dropped: np.ndarray, width: int) -> int:
         """Support sequences structurally possible below the dropped children (at ``depth``)."""

@@ -23,6 +23,7 @@ What is trusted, in order (DESIGN.md §4):
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -67,14 +68,31 @@ def _as_tuple(seq) -> tuple:
 
 
 class DraftView:
-    """Uniform access to a draft index with ``unrank(i) -> (sequence, draft_log_prob)``."""
+    """Uniform access to a draft index with ``unrank(i) -> (sequence, draft_log_prob)``.
 
-    def __init__(self, index: Any):
+    Args:
+      index: the draft index.
+      target_max_len: the target's ``max_len`` when it has one. When it is no larger than the
+        index's own ``max_len``, sequences longer than that are outside the target's support, so
+        the prefixes a terminating draft cut at ``max_len`` need no bound (``bucket_bound(n,
+        length_cuts=False)``, where the index offers it).
+    """
+
+    def __init__(self, index: Any, target_max_len: int | None = None):
         if not callable(getattr(index, "unrank", None)):
             raise TypeError(
                 f"draft_index must have a method unrank(i) -> (sequence, log_prob), got {type(index).__name__}"
             )
         self.index = index
+        bucket_bound = getattr(index, "bucket_bound", None)
+        index_max_len = getattr(index, "max_len", None)
+        self._skip_length_cuts = (
+            callable(bucket_bound)
+            and "length_cuts" in inspect.signature(bucket_bound).parameters
+            and target_max_len is not None
+            and index_max_len is not None
+            and int(target_max_len) <= int(index_max_len)
+        )
 
     def pull(self, extent: int) -> DraftPull:
         """The first ``extent`` sequences in draft order (fewer if the index runs out), each once."""
@@ -113,7 +131,8 @@ class DraftView:
                 math.nan, "the draft index returned the same sequence more than once: not an exact enumeration"
             )
         if callable(getattr(idx, "bucket_bound", None)):
-            value = float(idx.bucket_bound(n))
+            kwargs = {"length_cuts": False} if self._skip_length_cuts else {}
+            value = float(idx.bucket_bound(n, **kwargs))
             if math.isnan(value):
                 return DraftBound(math.nan, "the draft index's bucket_bound returned NaN")
             return DraftBound(value, "the draft index's bucket_bound")

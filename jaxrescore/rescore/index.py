@@ -161,7 +161,7 @@ class RescoredIndex:
     def __init__(self, draft_index: Any, target: Any, *, rerank_window: int = 64, assumed_gap: float | None = None):
         self.rerank_window = require_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
-        self._draft = DraftView(draft_index)
+        self._draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index
         self.target = target
