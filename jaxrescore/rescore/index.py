@@ -147,7 +147,9 @@ class RescoredIndex:
         ``bucket_bound(n)`` (our SeekIndex) or a ``.quantizer`` with the truncation reports of
         :mod:`jaxrescore.rescore.draft`; without them queries work but never certify.
       target: the expensive model (its ``score_sequences`` batch scorer is used) or a bare callable
-        ``[list of token tuples] -> log_probs``.
+        ``[list of token tuples] -> log_probs``. Its ``max_len``, when it has one no larger than
+        the draft's, tells the bound to skip the prefixes a terminating draft cut at ``max_len``
+        (their completions are outside the target's support).
       rerank_window: extra draft candidates pulled and reranked by target score; an integer >= 0.
       assumed_gap: optional global bound on ``|target_lp - draft_lp|`` in nats, finite and >= 0.
         When supplied, results carry a real ``certified`` verdict; otherwise it is None.
@@ -184,10 +186,12 @@ class RescoredIndex:
 
     @property
     def target_calls(self) -> int:
+        """Batched target calls made so far (one per query, sweep or rescore_many)."""
         return int(self._carry.calls)
 
     @property
     def target_sequences(self) -> int:
+        """Sequences scored by the target so far."""
         return int(self._carry.sequences)
 
     def top_k(self, k: int) -> RescoreResult:
