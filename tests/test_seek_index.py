@@ -213,6 +213,20 @@ def _saved(tmp_path, model=None):
     return path, model
 
 
+def test_a_model_that_only_agrees_at_the_root_is_refused(tmp_path):
+    from jaxrescore.models.callable import CallableModel
+
+    path, model = _saved(tmp_path)
+    other = make_model(4, 4, 99)
+
+    def mixed(prefix):  # model's root table, another model's tables below it
+        return model.fn(prefix) if len(prefix) == 0 else other.fn(prefix)
+
+    with pytest.raises(ValueError, match="different model"):
+        SeekIndex.load(path, CallableModel(mixed, vocab_size=4, max_len=4))
+    assert len(SeekIndex.load(path, model)) > 0
+
+
 def test_corrupted_file_is_refused(tmp_path):
     path, model = _saved(tmp_path)
     data = bytearray(path.read_bytes())

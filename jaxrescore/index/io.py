@@ -4,8 +4,10 @@ The file holds a JSON header (format, version, quantizer, the model's vocab_size
 build state and a SHA-256 over every array) and the arrays of the prefix tree plus the kept
 next-token rows, so a loaded index deepens without re-running forwards. Loading refuses, with a
 ValueError saying why, a file that is unreadable, truncated, of another format or version, whose
-checksum does not match, or that was built for a model with a different vocabulary, eos or max_len
-or a different first next-token table (the one model row loading evaluates to tell models apart).
+checksum does not match, or that was built for a model with a different vocabulary, eos or max_len,
+a different first next-token table, or different tables at up to ``CHECK_ROWS`` stored prefixes
+spread over the depths (re-evaluated in one model call). A model that differs only at prefixes
+outside that sample still loads: the check is a sample, not a proof.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import zipfile
 import numpy as np
 
 from jaxrescore.quantize import Quantizer
+from jaxrescore.sequences import bucket_size
 
 FORMAT = "jaxrescore.SeekIndex"
 VERSION = 2  # 2: max_len cuts kept apart from branch_cap drops
 # Root rows agree if every finite log-prob matches within this (float32 forwards on other hardware).
 ROOT_ATOL = 1e-4
+# Stored next-token rows re-checked against the model on load.
+CHECK_ROWS = 64
 
 
 def _checksum(header: dict, arrays: dict) -> str:
@@ -149,4 +154,25 @@ def load_index(cls, path, model, *, progress=None, chunk_rows=4096):
         index._rank()
     except (KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{path} is an inconsistent SeekIndex file: {e!r}") from None
+    _check_sampled_rows(path, index, model)
     return index
+
+
+def _check_sampled_rows(path: str, index, model) -> None:
+    """Re-ask ``model`` for up to ``CHECK_ROWS`` stored next-token rows, spread over the build order
+    (so over depths), in one call: a draft that merely agrees at the root is refused too."""
+    ids, rows = index._row_ids[0], index._rows[0]
+    if ids.size == 0:
+        return
+    pick = np.unique(np.linspace(0, ids.size - 1, min(CHECK_ROWS, ids.size)).astype(np.int64))
+    toks, lens = index.decode(ids[pick])
+    prefixes = np.zeros((bucket_size(pick.size), bucket_size(max(toks.shape[1], 1))), np.int32)
+    prefixes[: pick.size, : toks.shape[1]] = toks
+    lengths = np.zeros(prefixes.shape[0], np.int32)
+    lengths[: pick.size] = lens
+    now = np.asarray(model.next_logprobs(prefixes, lengths), np.float64)[: pick.size]
+    saved = rows[pick].astype(np.float64)
+    width = min(now.shape[1], saved.shape[1])
+    kept = np.isfinite(saved[:, :width])  # cut cells were stored as -inf; compare the rest
+    if not np.allclose(now[:, :width][kept], saved[:, :width][kept], rtol=0, atol=ROOT_ATOL):
+        raise ValueError(f"{path} was built for a different model: its stored next-token tables differ")
