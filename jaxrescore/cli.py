@@ -168,17 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return USAGE_ERROR
     enable_compilation_cache()
+    # A bar only where someone watches it: not under --json, not into a pipe or a log file.
+    progress = not getattr(args, "json", False) and sys.stderr.isatty()
     try:
         if args.command == "demo":
             result = demo.run_demo(
                 k=args.k, window=args.window, gap=args.gap, prefix=args.prefix,
-                target_path=args.target, progress=not args.json,
+                target_path=args.target, progress=progress,
             )
             _emit(result, args.json, demo.format_demo)
         elif args.command == "enumerate":
             result = demo.run_enumerate(
                 target_path=args.target, draft_path=args.draft, k=args.k, window=args.window,
-                gap=args.gap, prompt=args.prompt, bits=args.bits, progress=not args.json,
+                gap=args.gap, prompt=args.prompt, bits=args.bits, progress=progress,
             )
             _emit(result, args.json, demo.format_enumerate)
         else:
