@@ -17,7 +17,10 @@ What is trusted, in order (DESIGN.md §4):
    The reference library's own rule, the bucket of the edge item's TOTAL score, misses exactly
    that per-step slack; its model's ``structural_fine_bucket`` is also the bucket of the total
    (not the per-step sum its index orders by), so it is not trusted either.
-4. Anything else (no quantizer, no truncation report, dropped sequences, a sequence returned twice)
+4. An index that declares ``exact_order = False`` (our AREnvelopeIndex: its rank order is only an
+   estimate) offers no bound, whatever else it reports; running out is exhaustion there only when
+   it reports ``truncated is False``.
+5. Anything else (no quantizer, no truncation report, dropped sequences, a sequence returned twice)
    offers no bound: NaN, and certification answers False with the reason.
 """
 
@@ -129,6 +132,12 @@ class DraftView:
         if pull.repeated:
             return DraftBound(
                 math.nan, "the draft index returned the same sequence more than once: not an exact enumeration"
+            )
+        if getattr(idx, "exact_order", True) is False:
+            if pull.ran_out and n >= len(pull.seqs) and getattr(idx, "truncated", None) is False:
+                return DraftBound(-math.inf, "the draft index ran out and reports truncated=False")
+            return DraftBound(
+                math.nan, "the draft index's order is approximate (exact_order=False): no sound bound"
             )
         if callable(getattr(idx, "bucket_bound", None)):
             kwargs = {"length_cuts": False} if self._skip_length_cuts else {}
