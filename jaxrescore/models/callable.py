@@ -11,7 +11,7 @@ Two forms of ``fn`` are accepted:
   ``b`` the log-softmax after ``prefixes[b, :lengths[b]]``; ``vocab_size`` is required.
 
 Every table is checked before use: a NaN, a log-prob above ``SIGN_TOL`` (float noise above 0 is
-tolerated, the index clips it), a duplicate or out-of-range token, a wrong shape, or a table whose
+tolerated and clipped to 0 in every row this model returns), a duplicate or out-of-range token, a wrong shape, or a table whose
 ``logsumexp`` is more than ``NORM_TOL`` from 0 (not a distribution) raises ``ValueError`` naming the
 prefix and what is wrong. The batched check is a few vectorised passes over the ``[B, V]`` block,
 cheap next to any forward that produced it.
@@ -24,7 +24,15 @@ from typing import Callable
 
 import numpy as np
 
-from jaxrescore.models.jax_lm import skip_mask
+from jaxrescore.models.frontier import (
+    FLOAT32_TOLERANCE,
+    TABLE_TOLERANCE,
+    FrontierScores,
+    assemble,
+    check_top_m,
+    host_top_m,
+    skip_mask,
+)
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import as_sequence_batch, bucket_size, checked_batch
 
@@ -88,7 +96,9 @@ class CallableModel(PromptableMixin):
     # -- next-token tables -------------------------------------------------------------------------
 
     def next_logprobs(self, prefixes, lengths) -> np.ndarray:
-        """Next-token log-probs ``float32[B, V]`` after each prefix, ``-inf`` for absent tokens.
+        """Next-token log-probs ``float32[B, V]`` after each prefix, ``-inf`` for absent tokens,
+        clipped to ``<= 0`` (the float noise a table may carry up to ``SIGN_TOL`` above 0 is
+        dropped here, so every path — index, scores, proofs — sees the same steps).
 
         Args:
           prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
@@ -96,8 +106,10 @@ class CallableModel(PromptableMixin):
         """
         prefixes, lengths = checked_batch(prefixes, lengths, what="prefixes")
         if self.batched:
-            return self._batched_rows(prefixes, lengths)
-        return self._per_prefix_rows(prefixes, lengths)
+            rows = self._batched_rows(prefixes, lengths)
+        else:
+            rows = self._per_prefix_rows(prefixes, lengths)
+        return np.minimum(rows, np.float32(0.0))
 
     def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         rows = np.asarray(self.fn(prefixes, lengths))
@@ -184,23 +196,54 @@ class CallableModel(PromptableMixin):
             (a conditioning prompt; see ``with_prompt``).
         """
         batch = as_sequence_batch(seqs)
-        toks, lens = batch
-        n = toks.shape[0]
-        ok = self.in_support(toks, lens)
-        # one row per (sequence, position) step of every in-support sequence
-        seq_idx, pos = np.nonzero(ok[:, None] & skip_mask(batch, skip, toks.shape[1]))
-        out = np.full(n, -np.inf)
+        ok = self.in_support(*batch)
+        out = np.full(batch.size, -np.inf)
         out[ok] = 0.0
+        for s, p, rows in self._step_rows(batch, ok[:, None] & skip_mask(batch, skip, batch.tokens.shape[1])):
+            np.add.at(out, s, _pick(rows, batch.tokens[s, p]))
+        return out
+
+    def score_frontier(self, seqs, *, top_m: int, skip=None) -> FrontierScores:
+        """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
+        log-prob, from the same next-token tables (see
+        :class:`~jaxrescore.models.frontier.FrontierScores`). Every real position of every row is
+        evaluated, in the support or not; scores of rows outside the support are ``-inf``.
+
+        Args:
+          seqs: a SequenceBatch, an int[N, T] array or a list of token sequences.
+          top_m: how many of the likeliest next tokens to keep per position.
+          skip: optional int[N], as in :meth:`score_sequences`.
+        """
+        top_m = check_top_m(top_m)
+        batch = as_sequence_batch(seqs)
+        n, w = batch.tokens.shape
+        steps = np.zeros((n, w), np.float64)
+        top_lps = np.full((n, w, top_m), -np.inf, np.float32)
+        top_ids = np.zeros((n, w, top_m), np.int32)
+        eos_lps = np.full((n, w), -np.inf, np.float32)
+        for s, p, rows in self._step_rows(batch, batch.mask):
+            steps[s, p] = _pick(rows, batch.tokens[s, p])
+            top_lps[s, p], top_ids[s, p] = host_top_m(rows, top_m)
+            if self.eos is not None and self.eos < rows.shape[1]:
+                eos_lps[s, p] = rows[:, self.eos]
+        out = assemble(batch, skip, steps, top_lps, top_ids, None if self.eos is None else eos_lps)
+        scores = np.where(self.in_support(*batch), out.scores, -np.inf)
+        return out._replace(scores=scores)
+
+    @property
+    def score_tolerance(self) -> float:
+        """Nats a score may move between calls: a per-prefix function returns the same table for
+        a prefix every time; a batched one may depend on the batch (like any JAX forward)."""
+        return FLOAT32_TOLERANCE if self.batched else TABLE_TOLERANCE
+
+    def _step_rows(self, batch, which: np.ndarray):
+        """Yield ``(seq_idx, pos, rows)`` chunks over the steps where ``which: bool[N, T]``:
+        ``rows[r]`` is the next-token row before token ``pos[r]`` of sequence ``seq_idx[r]``."""
+        toks, _ = batch
+        seq_idx, pos = np.nonzero(which)
         for lo in range(0, seq_idx.size, SCORE_CHUNK):
             s, p = seq_idx[lo : lo + SCORE_CHUNK], pos[lo : lo + SCORE_CHUNK]
-            rows = self._score_rows(toks[s], p)
-            nxt = toks[s, p]
-            width = rows.shape[1]
-            step = np.full(s.size, -np.inf)
-            inside = nxt < width
-            step[inside] = rows[np.nonzero(inside)[0], nxt[inside]]
-            np.add.at(out, s, step)
-        return out
+            yield s, p, self._score_rows(toks[s], p)
 
     def _score_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Rows for ``prefixes[b, :lengths[b]]``; batched calls are padded to power-of-two shapes."""
@@ -218,6 +261,14 @@ class CallableModel(PromptableMixin):
     def log_density(self, seq) -> float:
         """The log-prob of one token sequence (``-inf`` outside the support)."""
         return float(self.score_sequences([tuple(seq)])[0])
+
+
+def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """``rows[r, tokens[r]]`` as float64, ``-inf`` where a token lies beyond a (narrow) row."""
+    out = np.full(tokens.size, -np.inf)
+    inside = tokens < rows.shape[1]
+    out[inside] = rows[np.nonzero(inside)[0], tokens[inside]]
+    return out
 
 
 def _check_rows(rows: np.ndarray, prefix_of: Callable[[int], tuple]) -> None:

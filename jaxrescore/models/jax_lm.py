@@ -6,7 +6,11 @@ and a ``params`` pytree. This class turns that into the AutoregressiveEnumerable
 
 - ``score_sequences``: ONE teacher-forcing forward over ``[BOS] + tokens`` per chunk, per-step
   log-probs brought to the host and summed in float64 under the padding (and ``skip``) mask;
-- ``next_logprobs``: the same forward over ``[BOS] + prefix``, log-softmax at the last real position.
+- ``next_logprobs``: the same forward over ``[BOS] + prefix``, log-softmax at the last real position;
+- ``score_frontier``: ``score_sequences`` plus, from the same forward, each position's top-m
+  next-token log-probs and eos log-prob, reduced on device (see :mod:`jaxrescore.models.frontier`).
+
+Every log-prob leaves the device clipped to ``<= 0`` (the convention of every model).
 
 Device functions are module-level ``jax.jit``s taking ``params`` as an ARGUMENT and ``apply`` as a
 static argument, so updated weights are always used and models with equal ``apply`` share
@@ -31,29 +35,46 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrescore.models.frontier import FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size, checked_batch
+
+
+def _log_softmax(logits):
+    """float32 log-softmax clipped to <= 0 (float noise can put a dominant entry at +1e-7)."""
+    return jnp.minimum(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), 0.0)
 
 
 @partial(jax.jit, static_argnums=0)
 def _step_logprobs(apply, params, inputs, targets):
     """float32[B, T]: log p(targets[b, j] | inputs[b, :j+1])."""
-    lp = jax.nn.log_softmax(apply(params, inputs).astype(jnp.float32), axis=-1)
+    lp = _log_softmax(apply(params, inputs))
     return jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
+
+
+@partial(jax.jit, static_argnums=(0, 4, 5))
+def _frontier_stats(apply, params, inputs, targets, top_m, eos):
+    """One forward's steps float32[B, T], top-m log-probs float32[B, T, m] and ids int32[B, T, m],
+    and eos log-probs float32[B, T] (zeros when ``eos`` is None; the caller ignores them)."""
+    lp = _log_softmax(apply(params, inputs))
+    steps = jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
+    top_lps, top_ids = jax.lax.top_k(lp, top_m)
+    eos_lps = jnp.zeros_like(steps) if eos is None else lp[..., eos]
+    return steps, top_lps, top_ids.astype(jnp.int32), eos_lps
 
 
 @partial(jax.jit, static_argnums=0)
 def _last_logprobs(apply, params, inputs, last):
     """float32[B, V]: the log-softmax row at position ``last[b]`` of each row."""
-    logits = apply(params, inputs).astype(jnp.float32)
+    logits = apply(params, inputs)
     row = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-    return jax.nn.log_softmax(row, axis=-1)
+    return _log_softmax(row)
 
 
 @partial(jax.jit, static_argnums=0)
 def _all_logprobs(apply, params, inputs):
     """float32[B, T, V]: every position's next-token log-probs."""
-    return jax.nn.log_softmax(apply(params, inputs).astype(jnp.float32), axis=-1)
+    return _log_softmax(apply(params, inputs))
 
 
 def check_mesh(mesh) -> Mesh | None:
@@ -107,21 +128,6 @@ def check_eos_terminated(batch: SequenceBatch, eos: int, what: str) -> None:
         raise ValueError(f"{what}[{bad[0]}] contains eos={eos} before its end")
 
 
-def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
-    """bool[N, width]: the steps counted in a score (real, and not among the first ``skip[i]``)."""
-    n = batch.size
-    cols = np.arange(width)[None, :]
-    mask = cols < batch.lengths[:, None]
-    if skip is not None:
-        skip = np.asarray(skip, np.int64).reshape(-1)
-        if skip.shape != (n,):
-            raise ValueError(f"skip must have shape ({n},), got {skip.shape}")
-        if skip.size and skip.min() < 0:
-            raise ValueError(f"skip must be non-negative, got min {int(skip.min())}")
-        mask &= cols >= skip[:, None]
-    return mask
-
-
 class DeviceBatched(PromptableMixin):
     """Host-side batching shared by device-backed models: row chunks of about ``chunk_tokens``
     tokens per device (or exactly ``chunk_rows`` rows when that is set), padded to power-of-two
@@ -131,8 +137,12 @@ class DeviceBatched(PromptableMixin):
     ``i + 1`` while the device computes chunk ``i``.
 
     Subclasses set ``params`` (the pytree every device call receives) and ``mesh`` and implement
-    ``step_logprobs(seqs) -> (batch, float32[N, W])``; scores are masked float64 sums of those.
+    ``step_logprobs(seqs) -> (batch, float32[N, W])`` (scores are masked float64 sums of those) and
+    ``frontier_stats(seqs, top_m) -> (batch, steps, top_lps, top_ids, eos_lps)``.
     """
+
+    # Nats a score may move between forwards (see jaxrescore.models.frontier).
+    score_tolerance = FLOAT32_TOLERANCE
 
     # Tokens per device per call. On CPU a chunk whose activations stay in cache is ~3x faster
     # than a 256-row chunk (benchmarks/bench_throughput.py); accelerators want big chunks.
@@ -153,6 +163,21 @@ class DeviceBatched(PromptableMixin):
         batch, lps = self.step_logprobs(seqs)
         mask = skip_mask(batch, skip, lps.shape[1])
         return np.where(mask, lps.astype(np.float64), 0.0).sum(axis=1)
+
+    def score_frontier(self, seqs, *, top_m: int, skip=None) -> FrontierScores:
+        """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
+        log-prob, all from ONE forward, reduced on device (see
+        :class:`~jaxrescore.models.frontier.FrontierScores`).
+
+        Args:
+          seqs: a SequenceBatch or a list of token sequences.
+          top_m: how many of the likeliest next tokens to keep per position (capped at V).
+          skip: optional int32[N], as in :meth:`score_sequences`; positions are then counted
+            from the first scored step.
+        """
+        top_m = min(check_top_m(top_m), self.vocab_size)
+        batch, steps, top_lps, top_ids, eos_lps = self.frontier_stats(seqs, top_m)
+        return assemble(batch, skip, steps, top_lps, top_ids, None if self.eos is None else eos_lps)
 
     def with_mesh(self, mesh: Mesh | None):
         """A copy sharing the weights whose forwards shard the batch axis over ``mesh``
@@ -194,9 +219,10 @@ class DeviceBatched(PromptableMixin):
         spec = PartitionSpec(self.mesh.axis_names)
         return jax.device_put(x, NamedSharding(self.mesh, spec))
 
-    def _chunked(self, fn, *arrays: np.ndarray) -> np.ndarray:
+    def _chunked(self, fn, *arrays: np.ndarray):
         """``fn(params, *row_chunks)`` over row chunks padded to bucketed row counts; the
-        results' first ``n`` rows concatenated on the host."""
+        results' first ``n`` rows concatenated on the host (per output when ``fn`` returns a
+        tuple of arrays)."""
         n = arrays[0].shape[0]
         params = self._device_params()
         step = self._chunk(arrays[0].shape[1] if arrays[0].ndim > 1 else 1)
@@ -207,6 +233,8 @@ class DeviceBatched(PromptableMixin):
             rows = self._rows_bucket(m)
             padded = [np.concatenate([p, np.zeros((rows - m,) + p.shape[1:], p.dtype)]) for p in part]
             outs.append((fn(params, *(self._put(p) for p in padded)), m))
+        if isinstance(outs[0][0], tuple):
+            return tuple(np.concatenate([np.asarray(out[i])[:m] for out, m in outs]) for i in range(len(outs[0][0])))
         return np.concatenate([np.asarray(out)[:m] for out, m in outs])
 
 
@@ -266,6 +294,20 @@ class JaxLM(DeviceBatched):
             return batch, np.zeros((0, width), np.float32)
         inputs, targets = self.teacher_inputs(batch, width)
         return batch, self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
+
+    def frontier_stats(self, seqs, top_m: int):
+        """The batch, then from one forward: steps float32[N, W], top-m log-probs float32[N, W, m]
+        and ids int32[N, W, m], eos log-probs float32[N, W] (see :meth:`score_frontier`)."""
+        batch = as_sequence_batch(seqs)
+        check_tokens(batch, self.vocab_size, self.max_len)
+        width = self.length_bucket(int(batch.lengths.max(initial=0)))
+        if batch.size == 0:
+            z = np.zeros((0, width), np.float32)
+            return batch, z, np.zeros((0, width, top_m), np.float32), np.zeros((0, width, top_m), np.int32), z
+        inputs, targets = self.teacher_inputs(batch, width)
+        apply, eos = self.apply, self.eos
+        fn = lambda params, i, t: _frontier_stats(apply, params, i, t, top_m, eos)  # noqa: E731
+        return (batch,) + self._chunked(fn, inputs, targets)
 
     def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: the next-token log-probs before each position

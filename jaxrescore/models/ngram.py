@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrescore.models.frontier import TABLE_TOLERANCE
 from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 
@@ -39,6 +40,13 @@ def _gather_steps(table, rows, targets):
 def _gather_rows(table, rows):
     """float32[..., V]: ``table[rows]``."""
     return table[rows]
+
+
+@partial(jax.jit, static_argnums=1)
+def _table_top_m(table, m):
+    """Each table row's ``m`` largest log-probs float32[R, m] and their ids int32[R, m]."""
+    vals, ids = jax.lax.top_k(table, m)
+    return vals, ids.astype(jnp.int32)
 
 
 def _encode(windows: np.ndarray, base: int) -> np.ndarray:
@@ -70,9 +78,12 @@ class NGramLM(DeviceBatched):
     """
 
     chunk_tokens = 1 << 20  # a gather has no activations to keep in cache: few big calls
+    score_tolerance = TABLE_TOLERANCE  # a context's row is the same table row in every batch
 
     def __init__(self, table, context_keys, *, order, vocab_size, eos, max_len, discounts, mesh=None):
-        self.params = jnp.asarray(table, jnp.float32)
+        # log(p) of a float64 p that rounds above 1 is a hair above 0: clip (every model does).
+        self.params = jnp.asarray(np.minimum(np.asarray(table, np.float32), 0.0))
+        self._top_m = {}  # m -> host (values float32[R, m], ids int32[R, m])
         self._keys = [np.asarray(k, np.int64) for k in context_keys]
         self._offsets = np.cumsum([0] + [k.size for k in self._keys])[:-1]
         self.order = int(order)
@@ -203,6 +214,21 @@ class NGramLM(DeviceBatched):
         t = min(width, batch.tokens.shape[1])
         targets[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
         return batch, self._chunked(_gather_steps, rows, targets)
+
+    def frontier_stats(self, seqs, top_m: int):
+        """The batch, steps float32[N, W], each position's top-m log-probs float32[N, W, m] and
+        ids int32[N, W, m], and eos log-probs float32[N, W]: table lookups, the top-m of each table
+        row computed once per ``top_m``."""
+        batch, steps = self.step_logprobs(seqs)
+        width = steps.shape[1]
+        rows = self._rows(self._windows(batch, width)) if batch.size else np.zeros((0, width), np.int32)
+        if top_m not in self._top_m:
+            vals, ids = _table_top_m(self.params, top_m)
+            self._top_m[top_m] = (np.asarray(vals), np.asarray(ids))
+        vals, ids = self._top_m[top_m]
+        eos = np.zeros((batch.size, width), np.int32) + (0 if self.eos is None else self.eos)
+        eos_lps = self._chunked(_gather_steps, rows, eos) if batch.size else np.zeros((0, width), np.float32)
+        return batch, steps, vals[rows], ids[rows], eos_lps
 
     def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: next-token log-probs before each position."""

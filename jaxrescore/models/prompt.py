@@ -87,13 +87,13 @@ class PromptedModel(PromptableMixin):
         toks, lens = prepend(self.prompt, prefixes, np.asarray(lengths, np.int32).reshape(-1))
         return self.base.next_logprobs(toks, lens)
 
-    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
-        """``float64[N]``: ``log p(c | prompt)`` of continuations ``c``, one base call.
+    @property
+    def score_tolerance(self):
+        """The base model's (see :mod:`jaxrescore.models.frontier`); None when it declares none."""
+        return getattr(self.base, "score_tolerance", None)
 
-        Args:
-          seqs: a SequenceBatch or a list of token sequences (continuations only).
-          skip: optional int32[N]; further leading continuation steps to exclude.
-        """
+    def _on_base(self, seqs, skip):
+        """``prompt + c`` rows for the base and the skip that leaves the prompt's steps out."""
         batch = as_sequence_batch(seqs)
         n = batch.size
         extra = np.zeros(n, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(-1)
@@ -102,6 +102,20 @@ class PromptedModel(PromptableMixin):
         toks, lens = prepend(self.prompt, batch.tokens, batch.lengths)
         # Rows of length 0 (padding rows) stay empty instead of scoring the prompt's steps.
         lens = np.where(batch.lengths > 0, lens, 0).astype(np.int32)
-        return self.base.score_sequences(
-            SequenceBatch(toks, lens), skip=(extra + len(self.prompt)).astype(np.int32)
-        )
+        return SequenceBatch(toks, lens), (extra + len(self.prompt)).astype(np.int32)
+
+    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+        """``float64[N]``: ``log p(c | prompt)`` of continuations ``c``, one base call.
+
+        Args:
+          seqs: a SequenceBatch or a list of token sequences (continuations only).
+          skip: optional int32[N]; further leading continuation steps to exclude.
+        """
+        batch, skip = self._on_base(seqs, skip)
+        return self.base.score_sequences(batch, skip=skip)
+
+    def score_frontier(self, seqs, *, top_m: int, skip=None):
+        """The base's ``score_frontier`` of ``prompt + c`` with the prompt's steps skipped:
+        scores ``log p(c | prompt)`` and positions counted from the first continuation step."""
+        batch, skip = self._on_base(seqs, skip)
+        return self.base.score_frontier(batch, top_m=top_m, skip=skip)
