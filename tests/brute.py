@@ -139,3 +139,30 @@ def true_gap(draft, target, support):
 def true_excess(draft, target, support):
     """max(target - draft, 0) over the support: the one-sided gap the certificate needs."""
     return float(max(_diffs(draft, target, support).max(), 0.0))
+
+
+def as_model(table: TableModel, *, batched: bool = False):
+    """A :class:`TableModel` as a real model of the library (a CallableModel over its rows), so it
+    has ``next_logprobs`` and ``score_frontier``; ``batched`` picks the batched form."""
+    from jaxrescore.models.callable import CallableModel
+
+    if not batched:
+        def fn(prefix):
+            return np.arange(table.vocab_size), table.steps[prefix].astype(np.float32)
+    else:
+        def fn(prefixes, lengths):
+            rows = np.empty((len(lengths), table.vocab_size), np.float32)
+            for b, n in enumerate(lengths):
+                p = tuple(int(x) for x in prefixes[b, :n])
+                rows[b] = table.steps[p] if p in table.steps else table.steps[()]
+            return rows
+    return CallableModel(fn, vocab_size=table.vocab_size, max_len=table.max_len, eos=table.eos, batched=batched)
+
+
+def reversed_pair(table: TableModel, seed: int) -> TableModel:
+    """An adversarial draft for ``table``: every next-token preference reversed."""
+    out = TableModel(table.vocab_size, table.max_len, seed, eos=table.eos)
+    for p, row in table.steps.items():
+        x = -row
+        out.steps[p] = x - np.logaddexp.reduce(x)
+    return out

@@ -48,20 +48,25 @@ def test_one_call_for_all_prompts_and_same_results(models, monkeypatch):
 
     alone = [ri.top_k(3) for ri in make()]
     calls = []
-    real = type(target).score_sequences
+    real = {name: getattr(type(target), name) for name in ("score_sequences", "score_frontier")}
 
-    def spy(self, seqs, **kw):
-        calls.append(kw.get("skip"))
-        return real(self, seqs, **kw)
+    def spy(name):
+        def call(self, seqs, **kw):
+            calls.append(kw.get("skip"))
+            return real[name](self, seqs, **kw)
+
+        return call
 
     fresh = make()
-    monkeypatch.setattr(type(target), "score_sequences", spy)
+    for name in real:
+        monkeypatch.setattr(type(target), name, spy(name))
     together = rescore_many(fresh, 3)
     assert len(calls) == 1 and sorted(set(np.asarray(calls[0]).tolist())) == [0, 1, 2]
     for a, b in zip(alone, together):
         assert [s for s, _ in a.items] == [s for s, _ in b.items]
         np.testing.assert_allclose([lp for _, lp in a.items], [lp for _, lp in b.items], rtol=0, atol=1e-5)
         assert a.certified == b.certified
+        assert a.proven == b.proven and a.frontier_bound == pytest.approx(b.frontier_bound, abs=1e-5)
 
 
 def test_shared_target_object(models):

@@ -23,8 +23,14 @@ sequence scoring above the worst returned one; ``|target - draft| <= assumed_gap
 simple sufficient condition, and ``excess`` (the running max of ``target - draft``) is the side to
 watch.
 
-The comparison keeps a margin of a few units in the last place of the operands so that rounding
-them to the working dtype (float32 without x64) cannot make it pass.
+The comparison keeps ``tolerance`` (the target's own score noise, see
+:mod:`jaxrescore.models.frontier`) plus a few units in the last place of the operands, so neither
+the target's float noise nor rounding to the working dtype can make it pass.
+
+The library never certifies against its own evidence: when the running max observed ``target -
+draft`` (the carry's ``max_excess``, this batch included) exceeds ``assumed_gap + tolerance``, the
+assumption is refuted and ``certified`` is 0 — unless the draft support is exhausted, which needs
+no gap at all.
 """
 
 from __future__ import annotations
@@ -97,11 +103,12 @@ def target_order(target_lps: jax.Array, valid: jax.Array) -> jax.Array:
     return order
 
 
-def _clears(worst, bound, assumed_gap):
-    """``worst >= bound + assumed_gap`` with a rounding margin that only ever makes it harder."""
+def _clears(worst, bound, assumed_gap, tolerance):
+    """``worst >= bound + assumed_gap + tolerance`` with a rounding margin that only ever makes
+    it harder."""
     eps = jnp.finfo(worst.dtype).eps
     margin = 8 * eps * (jnp.abs(worst) + jnp.abs(bound) + jnp.abs(assumed_gap))
-    return worst - (bound + assumed_gap) >= margin
+    return worst - (bound + assumed_gap) >= margin + tolerance
 
 
 def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
@@ -117,7 +124,7 @@ def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
     )
 
 
-def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, carry, *, k_max):
+def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, carry, *, k_max, tolerance=0.0):
     """Target-rerank one query over a pulled batch and decide its certificate.
 
     Args:
@@ -134,6 +141,9 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
       assumed_gap: float[], assumed bound on ``|target - draft|``; NaN = not supplied.
       carry: the :class:`GapCarry` before this call.
       k_max: static int, the output length.
+      tolerance: float[], nats the target's scores may move between forwards; the certificate
+        needs that much to spare, and observed excess beyond ``assumed_gap + tolerance`` refutes
+        the assumption.
 
     Returns:
       ``(RescoreOutput, GapCarry)``.
@@ -161,22 +171,26 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     has_bound = ~jnp.isnan(edge)
     full = (jnp.sum(mask) >= k) & (start >= 0)
     all_scored = ~jnp.any(pulled & ~scored)
-    proven = all_scored & (exhausted | (full & has_bound & _clears(worst, edge, assumed_gap)))
+    new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), valid)
+    refuted = new_carry.max_excess > assumed_gap + tolerance
+    cleared = full & has_bound & ~refuted & _clears(worst, edge, assumed_gap, tolerance)
+    proven = all_scored & (exhausted | cleared)
     requested = ~jnp.isnan(assumed_gap)
     certified = jnp.where(requested, proven.astype(jnp.int8), jnp.int8(CERT_NONE))
     bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)
 
-    new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), valid)
     out = RescoreOutput(
         perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess
     )
     return out, new_carry
 
 
-def rescore_sweep(target_lps, draft_lps, valid, edge_bounds, starts, ks, assumed_gaps, carry, *, k_max):
+def rescore_sweep(target_lps, draft_lps, valid, edge_bounds, starts, ks, assumed_gaps, carry, *, k_max, tolerance=0.0):
     """:func:`rescore` vmapped over a leading query axis ``Q`` of ``valid [Q, N]``, ``starts``,
-    ``ks`` and ``assumed_gaps [Q]``; the batch arrays and the carry are shared."""
+    ``ks`` and ``assumed_gaps [Q]``; the batch arrays, the carry and ``tolerance`` are shared."""
     per_query = jax.vmap(
-        lambda v, s, k, g: rescore(target_lps, draft_lps, v, edge_bounds, s, k, g, carry, k_max=k_max)
+        lambda v, s, k, g: rescore(
+            target_lps, draft_lps, v, edge_bounds, s, k, g, carry, k_max=k_max, tolerance=tolerance
+        )
     )
     return per_query(valid, starts, ks, assumed_gaps)

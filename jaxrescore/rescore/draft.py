@@ -126,6 +126,27 @@ class DraftView:
             lps.append(float(lp))
         return seqs, np.asarray(lps, np.float64), False
 
+    def pull_size(self, need: float, start: int, cap: int) -> int | None:
+        """A pull size ``n`` in ``[start, cap]`` whose bound (``bucket_bound(n)``) is at most
+        ``need``: the first found by growing ``n`` from ``start`` in 25% steps (at most 25% above
+        the smallest), deepening the index as it goes. None when the index offers no
+        ``bucket_bound``, or when even ``cap`` does not get there (the index was cut above
+        ``need``, or ``cap`` is too small)."""
+        idx = self.index
+        if getattr(idx, "exact_order", True) is False or not callable(getattr(idx, "bucket_bound", None)):
+            return None
+        kwargs = {"length_cuts": False} if self._skip_length_cuts else {}
+        n = start
+        while n <= cap:
+            if callable(getattr(idx, "ensure_count", None)):
+                idx.ensure_count(n + 1)
+            if float(idx.bucket_bound(n, **kwargs)) <= need:
+                return n
+            if hasattr(idx, "__len__") and len(idx) <= n:
+                return None  # nothing more to pull: a cut prefix keeps the bound above need
+            n = max(n + 1, int(n * 1.25))
+        return None
+
     def bound(self, n: int, pull: DraftPull) -> DraftBound:
         """Sound upper bound on the draft score of every sequence not among the first ``n`` pulled."""
         idx = self.index

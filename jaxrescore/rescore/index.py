@@ -2,31 +2,42 @@
 
 A thin class in the style of flax nnx's ``Optimizer``: it holds the draft index, the target and a
 :class:`~jaxrescore.rescore.core.GapCarry`, validates arguments, pulls candidates, makes ONE batched
-target call per query (or per sweep) and hands the arrays to the pure core.
+target call per query (or per sweep) and hands the arrays to the pure core. With a target that
+gives next-token distributions (every model of :mod:`jaxrescore.models`), the same call also
+yields the frontier bound (:mod:`jaxrescore.rescore.frontier`): every result says whether its
+answer is *proven* the target's exact top-k, with no assumption. ``prove=True`` runs the
+speculative exact search (:mod:`jaxrescore.rescore.search`) until it is.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
+from jaxrescore.models.frontier import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.core import CERT_NONE, CERT_TRUE, GapCarry, rescore_sweep
 from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
+from jaxrescore.rescore.scored import ScoredSet
+from jaxrescore.rescore.search import Proof, SearchBudget, check_proof, completion_model, greedy_complete, prove_search
 from jaxrescore.sequences import bucket_size
 
 # Incremented whenever the jitted sweep is traced: tests assert that sweeps over many windows,
 # ks and starts reuse a handful of compiled shapes.
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
+DEFAULT_MAX_ROUNDS = 32
+DEFAULT_MAX_SEQUENCES = 1 << 16
 
-def _traced_sweep(*args, k_max):
+
+def _traced_sweep(*args, k_max, tolerance):
     TRACE_COUNTS["rescore_sweep"] += 1
-    return rescore_sweep(*args, k_max=k_max)
+    return rescore_sweep(*args, k_max=k_max, tolerance=tolerance)
 
 
 _jit_sweep = jax.jit(_traced_sweep, static_argnames="k_max")
@@ -57,19 +68,21 @@ def require_gap(value: Any, name: str = "assumed_gap") -> float | None:
 
 @dataclass(frozen=True)
 class RescoreResult:
-    """Outcome of a :class:`RescoredIndex` query: target-exact items plus an explicit certificate.
+    """Outcome of a :class:`RescoredIndex` query: target-exact items plus two verdicts.
 
     ``top_k``/``slice`` are speculative: the items are always target-exact and target-ordered, but
-    completeness is proven only when ``certified is True`` — check that, not ``items`` alone.
+    completeness is established only when ``proven is True`` (no assumption) or ``certified is
+    True`` (under ``assumed_gap``) — check those, not ``items`` alone.
 
     Attributes:
       items: ``(sequence, target_log_prob)`` pairs, target-exact, sorted by target score (ties by
         draft rank).
-      certified: None when no ``assumed_gap`` was supplied (certification never attempted); True
-        only when the draft support was exhausted or the returned set's worst target score
-        provably clears ``bound + assumed_gap`` (every unpulled sequence is then below it); False
-        when certification was requested but not proven (no sound bound, a short result from a
-        draft that is not exhausted, or the bound did not clear the gap).
+      certified: the spec's gap certificate. None when no ``assumed_gap`` was supplied
+        (certification never attempted); True only when the draft support was exhausted or the
+        returned set's worst target score provably clears ``bound + assumed_gap`` plus the
+        target's score tolerance; False when certification was requested but not proven (no
+        sound bound, a short result from a draft that is not exhausted, the bound did not clear
+        the gap, or the library's own observations refute the gap: ``excess > assumed_gap``).
       bound: the certified upper bound on any unpulled candidate's draft log-prob that the
         certificate was checked against, or None when no bound applies: nothing was left
         unpulled (the draft support was exhausted), no ``assumed_gap`` was supplied, or the draft
@@ -78,11 +91,22 @@ class RescoreResult:
         so far, including this query: a diagnostic, never a certificate.
       reason: why ``certified`` is what it is, in words.
       excess: running max observed ``target_lp - draft_lp`` (the side of the gap the certificate
-        relies on: a target scoring far ABOVE its draft is what could hide a sequence; a draft
-        over-scoring junk cannot); -inf before any finite pair.
-      draft_log_probs: the draft's log-prob of each item, aligned with ``items``.
+        relies on); -inf before any finite pair.
+      draft_log_probs: the draft's log-prob of each item, aligned with ``items`` (NaN when the
+        draft could not score a sequence the search found).
       draft_ranks: the draft rank of each item, aligned with ``items`` (its position in the pulled
-        head; an index that repeats a sequence has the repeats dropped and never certifies).
+        head), or None for an item the speculative search found outside the head.
+      proven: the assumption-free verdict. None when the target gives no next-token
+        distributions (a bare scoring function); True when the worst returned target score
+        clears the frontier bound plus the target's score tolerance, so the items are the
+        target's exact top-k (or slice) over its whole support, whatever the draft; False
+        otherwise (``proof_reason`` says why).
+      frontier_bound: the frontier bound (an upper bound on the target score of every sequence
+        the query did not score; -inf when it scored the whole support), or None without
+        distributions.
+      proof_reason: why ``proven`` is what it is, in words.
+      rounds: target scoring rounds this query made (1 unless ``prove`` or ``until_certified``
+        searched further); every round is one batched target call.
     """
 
     items: list
@@ -93,6 +117,10 @@ class RescoreResult:
     excess: float = -math.inf
     draft_log_probs: tuple = field(default=())
     draft_ranks: tuple = field(default=())
+    proven: bool | None = None
+    frontier_bound: float | None = None
+    proof_reason: str = ""
+    rounds: int = 1
 
 
 class _Query:
@@ -122,52 +150,56 @@ def as_scorer(target: Any):
     )
 
 
-def checked_scores(raw: Any, seqs: list) -> np.ndarray:
-    """Validate a target's answer for ``seqs``: ``float64[len(seqs)]``, no NaN, no +inf."""
-    scores = np.asarray(raw, dtype=np.float64)
-    if scores.size != len(seqs) or scores.ndim > 1 and scores.shape[0] != len(seqs):
-        raise ValueError(f"target returned {scores.size} scores of shape {scores.shape} for {len(seqs)} sequences")
-    scores = scores.reshape(len(seqs))
-    bad = np.flatnonzero(np.isnan(scores) | (scores == np.inf))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"target returned {scores[i]} for sequence {seqs[i]} ({bad.size} invalid scores in all); "
-            "a log-prob must be a number <= 0 or -inf"
-        )
-    return scores
-
-
 class RescoredIndex:
-    """Draft-ordered, target-scored enumeration with window reranking.
+    """Draft-ordered, target-scored enumeration with window reranking and proofs.
 
     Args:
       draft_index: any index with ``unrank(i) -> (sequence, draft_log_prob)``; ``unrank_batch``,
         ``ensure_count`` and ``len()`` are used when present. Sound certification needs
         ``bucket_bound(n)`` (our SeekIndex) or a ``.quantizer`` with the truncation reports of
-        :mod:`jaxrescore.rescore.draft`; without them queries work but never certify.
-      target: the expensive model (its ``score_sequences`` batch scorer is used) or a bare callable
-        ``[list of token tuples] -> log_probs``. Its ``max_len``, when it has one no larger than
-        the draft's, tells the bound to skip the prefixes a terminating draft cut at ``max_len``
-        (their completions are outside the target's support).
+        :mod:`jaxrescore.rescore.draft`; without them queries work but never certify. Proofs
+        (``proven``) need nothing of it: its order only decides how fast they come.
+      target: the expensive model (its ``score_frontier`` or ``score_sequences`` is used) or a
+        bare callable ``[list of token tuples] -> log_probs`` (then ``proven`` is None). Its
+        ``max_len``, when it has one no larger than the draft's, tells the bound to skip the
+        prefixes a terminating draft cut at ``max_len``.
       rerank_window: extra draft candidates pulled and reranked by target score; an integer >= 0.
       assumed_gap: optional global bound on ``|target_lp - draft_lp|`` in nats, finite and >= 0.
         When supplied, results carry a real ``certified`` verdict; otherwise it is None.
+      draft_model: the model ``prove=True`` completes exit prefixes with (default: the draft
+        index's ``.model``; the reference library's per-prefix models are wrapped). Without one
+        the search completes with the target itself, one target call per token.
+      top_m: next-token log-probs kept per position of the target's forward for the frontier
+        bound (more: fewer full-row fetches on a wide vocabulary, more memory).
 
     The certificate needs ``target(u) <= draft(u) + assumed_gap`` for every sequence ``u`` that
     scores above the worst returned item (``|target - draft| <= assumed_gap`` everywhere is the
-    simple sufficient condition); in particular a sequence the draft gives -inf must have target
-    -inf, since the draft index never enumerates it.
+    simple sufficient condition); ``proven`` needs nothing but the target's own forward.
+
+    Thread safety: queries on one RescoredIndex run one at a time (a lock around the pull, the
+    target call and the carry update); sharing the object between threads is safe.
     """
 
-    def __init__(self, draft_index: Any, target: Any, *, rerank_window: int = 64, assumed_gap: float | None = None):
+    def __init__(
+        self,
+        draft_index: Any,
+        target: Any,
+        *,
+        rerank_window: int = 64,
+        assumed_gap: float | None = None,
+        draft_model: Any = None,
+        top_m: int = DEFAULT_TOP_M,
+    ):
         self.rerank_window = require_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
+        self.top_m = check_top_m(top_m)
         self._draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index
         self.target = target
+        self.draft_model = completion_model(draft_index, draft_model, target)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
+        self._lock = threading.RLock()
 
     @property
     def carry(self) -> GapCarry:
@@ -186,22 +218,64 @@ class RescoredIndex:
 
     @property
     def target_calls(self) -> int:
-        """Batched target calls made so far (one per query, sweep or rescore_many)."""
+        """Batched target calls made so far (scoring rounds and full-row fetches)."""
         return int(self._carry.calls)
 
     @property
     def target_sequences(self) -> int:
-        """Sequences scored by the target so far."""
+        """Sequences (and fetched prefix rows) evaluated by the target so far."""
         return int(self._carry.sequences)
 
-    def top_k(self, k: int) -> RescoreResult:
-        """The ``k`` best sequences by TARGET score among the ``k + rerank_window`` draft head."""
-        return self._run([_Query(0, k, self.rerank_window, self.assumed_gap)])[0]
+    def top_k(
+        self,
+        k: int,
+        *,
+        prove: bool = False,
+        until_certified: bool = False,
+        max_rounds: int = DEFAULT_MAX_ROUNDS,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    ) -> RescoreResult:
+        """The ``k`` best sequences by TARGET score among the ``k + rerank_window`` draft head.
 
-    def slice(self, start: int, k: int) -> RescoreResult:
+        Args:
+          k: items to return, an integer >= 1.
+          prove: run the speculative exact search until ``proven`` (see
+            :mod:`jaxrescore.rescore.search`): needs no ``assumed_gap``, works over any draft index.
+          until_certified: grow the draft pull until ``certified`` holds (needs ``assumed_gap``
+            and a draft index with ``bucket_bound``); each growth scores only new sequences.
+          max_rounds: scoring rounds (batched target calls) allowed to a search, >= 1.
+          max_sequences: target-scored sequences allowed to a search, >= 1.
+        """
+        return self.slice(
+            0, k, prove=prove, until_certified=until_certified, max_rounds=max_rounds, max_sequences=max_sequences
+        )
+
+    def slice(
+        self,
+        start: int,
+        k: int,
+        *,
+        prove: bool = False,
+        until_certified: bool = False,
+        max_rounds: int = DEFAULT_MAX_ROUNDS,
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    ) -> RescoreResult:
         """Target-reranked ``[start, start + k)`` slice of the pulled ``start + k + rerank_window``
-        head; the certificate covers whether an unpulled sequence could belong in or before it."""
-        return self._run([_Query(start, k, self.rerank_window, self.assumed_gap)])[0]
+        head; the verdicts cover whether an unpulled sequence could belong in or before it.
+        ``prove``, ``until_certified`` and the budgets are as in :meth:`top_k`."""
+        q = _Query(start, k, self.rerank_window, self.assumed_gap)
+        budget = SearchBudget(
+            require_int(max_rounds, "max_rounds", minimum=1), require_int(max_sequences, "max_sequences", minimum=1)
+        )
+        for name, flag in (("prove", prove), ("until_certified", until_certified)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if until_certified and q.gap is None:
+            raise ValueError("until_certified=True needs an assumed_gap (the certificate is gap-based)")
+        with self._lock:
+            if not (prove or until_certified):
+                return self._run([q])[0]
+            return self._search(q, bool(prove), bool(until_certified), budget)
 
     def unrank(self, i: int) -> RescoreResult:
         """The target-reranked rank-``i`` item: ``slice(i, 1)``."""
@@ -218,20 +292,32 @@ class RescoredIndex:
         call. Result ``q`` equals what a fresh index with window ``rerank_windows[q]`` (default this
         index's) and gap ``assumed_gaps[q]`` (default this index's) returns for
         ``slice(starts[q], ks[q])``, except that ``gap`` also counts earlier queries on this index."""
-        starts, ks = list(starts), list(ks)
-        windows = [self.rerank_window] * len(starts) if rerank_windows is None else list(rerank_windows)
-        gaps = [self.assumed_gap] * len(starts) if assumed_gaps is None else list(assumed_gaps)
+        try:
+            starts, ks = list(starts), list(ks)
+            windows = [self.rerank_window] * len(starts) if rerank_windows is None else list(rerank_windows)
+            gaps = [self.assumed_gap] * len(starts) if assumed_gaps is None else list(assumed_gaps)
+        except TypeError as err:
+            raise ValueError(f"sweep needs sequences of starts and ks (and windows, gaps): {err}") from None
         if not starts or not len(starts) == len(ks) == len(windows) == len(gaps):
             raise ValueError(
                 "sweep needs non-empty starts and ks (and rerank_windows, assumed_gaps when given) of "
                 f"one length, got lengths {len(starts)}, {len(ks)}, {len(windows)}, {len(gaps)}"
             )
-        return self._run([_Query(*q) for q in zip(starts, ks, windows, gaps)])
+        queries = [_Query(*q) for q in zip(starts, ks, windows, gaps)]
+        with self._lock:
+            return self._run(queries)
+
+    # -- one pull, one call ------------------------------------------------------------------------
+
+    def new_scored_set(self) -> ScoredSet:
+        """An empty :class:`ScoredSet` for this index's target."""
+        return ScoredSet(self.target, self._score, self.top_m)
 
     def _run(self, queries: list[_Query]) -> list[RescoreResult]:
         pull, bounds = self._prepare(queries)
-        scores = checked_scores(self._score(pull.seqs), pull.seqs) if pull.seqs else np.zeros(0)
-        return self._finish(queries, pull, scores, bounds)
+        scored = self.new_scored_set()
+        scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)))
+        return self._finish(queries, scored, bounds)
 
     def _prepare(self, queries: list[_Query]) -> tuple[DraftPull, dict]:
         """Pull the largest extent once and bound what lies beyond each query's pull."""
@@ -239,65 +325,147 @@ class RescoredIndex:
         bounds = {}
         for q in queries:
             n = min(q.extent, len(pull.seqs))
-            if q.gap is not None and n not in bounds:
-                bounds[n] = self._draft.bound(n, pull)
+            if n not in bounds:
+                bounds[n] = self._draft.bound(n, pull) if q.gap is not None else None
         return pull, bounds
 
-    def _finish(self, queries: list[_Query], pull: DraftPull, scores: np.ndarray, bounds: dict) -> list[RescoreResult]:
-        """Run the core on validated target scores and only then update the carry."""
-        out = self._core(queries, pull, scores, bounds)
+    def _finish(self, queries: list[_Query], scored: ScoredSet, bounds: dict, rows=None, proofs=None, rounds=1) -> list[RescoreResult]:
+        """Run the core on the scored set (query ``i`` covers its first ``rows[i]`` rows, by
+        default the pulled head ``min(extent, n)``) and only then update the carry."""
+        n = len(scored)
+        rows = [min(q.extent, n) for q in queries] if rows is None else rows
+        out = self._core(queries, scored, rows, bounds)
         gaps = np.asarray(out.gap, np.float64)[: len(queries)]
         excess = np.asarray(out.excess, np.float64)[: len(queries)]
         self._carry = GapCarry(
             float(max(self._carry.max_gap, gaps.max())),
             float(max(self._carry.max_excess, excess.max())),
-            self._carry.sequences + len(pull.seqs),
-            self._carry.calls + (1 if pull.seqs else 0),
+            self._carry.sequences + scored.sequences,
+            self._carry.calls + scored.calls,
         )
-        return [self._result(q, i, out, pull, scores, bounds) for i, q in enumerate(queries)]
+        if proofs is None:
+            fronts: dict = {}
+            proofs = []
+            for q, r in zip(queries, rows):
+                proof, fronts[r] = check_proof(scored, r, q.start, q.k, fronts.get(r))
+                proofs.append(proof)
+        return [self._result(q, i, out, scored, rows[i], bounds, proofs[i], rounds) for i, q in enumerate(queries)]
 
-    def _core(self, queries, pull: DraftPull, scores: np.ndarray, bounds: dict):
+    def _core(self, queries, scored: ScoredSet, rows: list, bounds: dict):
         """Pad to power-of-two shapes and run the jitted vmapped core in float64."""
-        n_pulled = len(pull.seqs)
-        rows, n_q = bucket_size(n_pulled, 8), bucket_size(len(queries), 1)
+        n = len(scored)
+        size, n_q = bucket_size(n, 8), bucket_size(len(queries), 1)
         k_max = bucket_size(max(q.k for q in queries), 8)
-        target = np.full(rows, -np.inf)
-        target[:n_pulled] = scores
-        draft = np.full(rows, -np.inf)
-        draft[:n_pulled] = pull.draft_lps
-        edges = np.full(rows, np.nan)
-        for n, b in bounds.items():
-            edges[max(n - 1, 0)] = b.value
-        valid = np.zeros((n_q, rows), bool)
+        target = np.full(size, -np.inf)
+        target[:n] = scored.target_lps
+        draft = np.full(size, -np.inf)
+        draft[:n] = scored.draft_lps
+        edges = np.full(size, np.nan)
+        valid = np.zeros((n_q, size), bool)
         starts, ks, gaps = np.zeros(n_q, np.int32), np.ones(n_q, np.int32), np.full(n_q, np.nan)
-        for i, q in enumerate(queries):
-            valid[i, : min(q.extent, n_pulled)] = True
+        for i, (q, r) in enumerate(zip(queries, rows)):
+            bound = bounds.get(r)
+            if bound is not None:
+                edges[max(r - 1, 0)] = bound.value
+            valid[i, :r] = True
             starts[i], ks[i] = q.start, q.k
             gaps[i] = np.nan if q.gap is None else q.gap
         carry = GapCarry(np.float64(self._carry.max_gap), np.float64(self._carry.max_excess), np.int32(0), np.int32(0))
         with jax.enable_x64(True):
-            out, _ = _jit_sweep(target, draft, valid, edges, starts, ks, gaps, carry, k_max=k_max)
+            out, _ = _jit_sweep(
+                target, draft, valid, edges, starts, ks, gaps, carry, k_max=k_max, tolerance=np.float64(scored.tolerance)
+            )
             return jax.tree.map(np.asarray, out)
 
-    def _result(self, q: _Query, i: int, out, pull: DraftPull, scores: np.ndarray, bounds: dict) -> RescoreResult:
+    def _result(self, q: _Query, i: int, out, scored: ScoredSet, n: int, bounds: dict, proof: Proof, rounds: int) -> RescoreResult:
         rows = np.asarray(out.perm[i])[np.asarray(out.mask[i])]
-        items = [(pull.seqs[r], float(scores[r])) for r in rows]
+        target, draft, ranks = scored.target_lps, scored.draft_lps, scored.ranks
+        items = [(scored.seqs[r], float(target[r])) for r in rows]
         code = int(out.certified[i])
         bound = float(out.bound[i])
-        n = min(q.extent, len(pull.seqs))
         return RescoreResult(
             items=items,
             certified=None if code == CERT_NONE else code == CERT_TRUE,
             bound=None if math.isnan(bound) else bound,
             gap=float(out.gap[i]),
             excess=float(out.excess[i]),
-            reason=_reason(q, items, code, bounds.get(n), n),
-            draft_log_probs=tuple(float(pull.draft_lps[r]) for r in rows),
-            draft_ranks=tuple(int(r) for r in rows),
+            reason=_reason(q, items, code, bounds.get(n), n, float(out.excess[i]), scored.tolerance),
+            draft_log_probs=tuple(float(draft[r]) for r in rows),
+            draft_ranks=tuple(None if ranks[r] < 0 else int(ranks[r]) for r in rows),
+            proven=proof.proven,
+            frontier_bound=proof.frontier_bound,
+            proof_reason=proof.reason,
+            rounds=rounds,
         )
 
+    # -- searches ----------------------------------------------------------------------------------
 
-def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int) -> str:
+    def _search(self, q: _Query, prove: bool, until_certified: bool, budget: SearchBudget) -> RescoreResult:
+        """One query that may score more than its head: ``until_certified`` grows the draft pull,
+        ``prove`` completes the frontier's open exits; every round scores only new sequences."""
+        scored = self.new_scored_set()
+        pull = self._draft.pull(min(q.extent, budget.max_sequences))
+        scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)))
+        rounds = 1
+        if until_certified:
+            pull, rounds = self._grow_until_certified(q, pull, scored, budget)
+        # Everything the draft ranks after the head is bounded by the head's bound, so it bounds
+        # every sequence left unscored however far the search went.
+        head_bound = self._draft.bound(len(pull.seqs), pull) if q.gap is not None else None
+        proofs = None
+        if prove:
+            left = budget._replace(max_rounds=budget.max_rounds - rounds + 1)
+            proof, more = prove_search(scored, q.start, q.k, self._complete, self._draft_scores, left)
+            rounds += more - 1
+            proofs = [proof]
+        n = len(scored)
+        return self._finish([q], scored, {n: head_bound}, rows=[n], proofs=proofs, rounds=rounds)[0]
+
+    def _grow_until_certified(self, q: _Query, pull: DraftPull, scored: ScoredSet, budget: SearchBudget):
+        """Grow the head until the gap certificate holds, the draft cannot help, the assumption
+        is refuted, or the budget runs out: each round pulls to a size whose bound is low enough
+        for the current worst score (a wider pull only raises the worst score, so one round
+        usually suffices)."""
+        rounds = 1
+        while rounds < budget.max_rounds:
+            n = len(scored)
+            bound = self._draft.bound(len(pull.seqs), pull)
+            out = self._core([q], scored, [n], {n: bound})
+            worst = float(np.asarray(out.log_probs[0])[np.asarray(out.mask[0])].min(initial=np.inf))
+            refuted = float(out.excess[0]) > q.gap + scored.tolerance
+            full = int(np.asarray(out.mask[0]).sum()) >= q.k
+            if int(out.certified[0]) != 0 or not math.isfinite(bound.value) or not full or refuted:
+                break
+            size = self._draft.pull_size(worst - q.gap - scored.tolerance, len(pull.seqs) + 1, budget.max_sequences)
+            if size is None:
+                break
+            pull = self._draft.pull(size)
+            new = scored.new(pull.seqs)
+            where = {s: i for i, s in enumerate(pull.seqs)}
+            scored.add(new, pull.draft_lps[[where[s] for s in new]], [where[s] for s in new])
+            rounds += 1
+        return pull, rounds
+
+    def _complete(self, prefixes: list) -> list:
+        """Speculated completions of exit prefixes (draft greedy; the target when no draft model)."""
+        from jaxrescore.rescore.scored import target_structure
+
+        structure = target_structure(self.target)
+        if self.draft_model is not None:
+            return greedy_complete(self.draft_model, prefixes, structure)
+        return greedy_complete(self.target, prefixes, structure)
+
+    def _draft_scores(self, seqs: list) -> np.ndarray:
+        model = self.draft_model
+        if model is None or not callable(getattr(model, "score_sequences", None)):
+            return np.full(len(seqs), np.nan)
+        try:
+            return np.minimum(np.asarray(model.score_sequences(seqs), np.float64), 0.0)
+        except ValueError:  # e.g. a draft shorter than a completion: its score is unknown
+            return np.full(len(seqs), np.nan)
+
+
+def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int, excess: float, tolerance: float) -> str:
     """Why the certificate came out as it did, from the same facts the core decided on."""
     if code == CERT_NONE:
         return "no assumed_gap supplied: certification not attempted"
@@ -306,12 +474,17 @@ def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int)
         return f"draft support exhausted after {n} sequences: every draft sequence was rescored ({bound.why})"
     if math.isnan(bound.value):
         return f"no sound bound on unpulled sequences: {bound.why}"
+    if excess > q.gap + tolerance:
+        return (
+            f"assumed_gap {q.gap:.6g} is refuted by the library's own observations: a rescored "
+            f"sequence has target - draft = {excess:.6g} > assumed_gap + tolerance {tolerance:g}"
+        )
     if len(items) < q.k:
         return f"only {len(items)} of k={q.k} items: the draft ran out, but it is not exhausted"
     worst = items[-1][1]
-    need = bound.value + q.gap
+    need = bound.value + q.gap + tolerance
     verb = "clears" if code == CERT_TRUE else "does not clear"
     return (
         f"worst returned target log-prob {worst:.6g} {verb} bound {bound.value:.6g} + assumed_gap "
-        f"{q.gap:.6g} = {need:.6g} (bound from {bound.why})"
+        f"{q.gap:.6g} + the target's score tolerance {tolerance:g} = {need:.6g} (bound from {bound.why})"
     )

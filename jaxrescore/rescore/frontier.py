@@ -1,0 +1,284 @@
+"""The frontier bound: a proof of top-k from the target's own next-token distributions.
+
+Let P be the scored sequences and T the trie of their prefixes (the root is the empty prefix, or
+the prompt of a prompted target). Any sequence u of the target's support that is not in P leaves T
+at a node p (a prefix of a scored sequence) through a token t with p+t not in T. Every later step
+of u has log-prob <= 0, so::
+
+    target(u) <= target(p) + log p_target(t | p).
+
+The *frontier bound* F is the max of that right-hand side over every exit (p, t) that can still
+reach the support. If the worst returned target score clears F by the target's score tolerance,
+no unpulled sequence can displace a returned item: the answer is the target's exact top-k (or
+slice), with no assumption about the draft.
+
+Which exits count (the target's support decides, never the draft's):
+
+- a node is *live* when a support sequence can extend it: shorter than ``max_len`` and, for a
+  terminating target, free of ``eos``; complete sequences and prefixes past ``eos`` have no exits;
+- at a live node of length ``max_len - 1`` of a terminating target only ``eos`` leads into the
+  support, so only the eos exit counts there; everywhere else every token not already a child is
+  an exit (``eos`` included: ``p + eos`` is itself a complete sequence);
+- the forward gives, per position, the top-m log-probs with ids: non-child tokens among them are
+  exits with exact values, and every token outside them has log-prob <= the m-th value, one
+  "rest" exit (token -1) with that value (unless ``m >= V``). A node whose full row was fetched
+  has exact exits for every token instead;
+- a live node with no distribution at all (a leaf that is not a complete sequence, e.g. a pulled
+  sequence cut by the target's ``max_len``) gets a rest exit worth ``target(p)`` itself.
+
+All of it is host numpy in float64 over the padded scored set: the trie is the sorted sequences'
+longest common prefixes, so nothing loops per node in Python.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+REST = -1
+"""Token id of an exit standing for every token outside a node's known top-m."""
+
+
+class Structure(NamedTuple):
+    """The target's support: ``vocab_size``, ``eos`` (None = fixed length) and ``max_len``."""
+
+    vocab_size: int
+    eos: int | None
+    max_len: int
+
+
+class ScoredArrays(NamedTuple):
+    """The scored set as padded arrays (row ``i`` is scored sequence ``i``).
+
+    Attributes:
+      tokens: int64[N, L], the sequences, padded with -1.
+      lengths: int64[N].
+      known: int64[N], positions ``< known[i]`` of row ``i`` have a distribution (the forward row
+        was the sequence cut at the target's ``max_len`` and after its first ``eos``).
+      steps: float64[N, W], per-step target log-probs (<= 0), ``W >= max(known)``.
+      top_lps: float32[N, W, m], top_ids: int32[N, W, m], eos_lps: float32[N, W]: per position.
+      rows: dict mapping a prefix (tuple) to its fetched full next-token row float32[V].
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    known: np.ndarray
+    steps: np.ndarray
+    top_lps: np.ndarray
+    top_ids: np.ndarray
+    eos_lps: np.ndarray
+    rows: dict
+
+
+class Exits(NamedTuple):
+    """Exits from the trie: the prefix is ``tokens[seq[e], :depth[e]]``, the token ``token[e]``
+    (:data:`REST` for "any token outside the known top-m"), and ``value[e]`` bounds the target
+    score of every support sequence leaving the trie there (float64)."""
+
+    seq: np.ndarray
+    depth: np.ndarray
+    token: np.ndarray
+    value: np.ndarray
+
+
+class Trie(NamedTuple):
+    """The prefix trie of a scored set.
+
+    Attributes:
+      node_of: int64[N, L + 1], the node id of ``tokens[i, :d]`` (-1 where ``d > lengths[i]``).
+      first: int64[K, 2], each node's first occurrence ``(row, depth)``.
+      child_keys: int64[C], sorted ``node * base + token`` of every (node, child token) pair.
+      base: the key base (larger than every token id).
+    """
+
+    node_of: np.ndarray
+    first: np.ndarray
+    child_keys: np.ndarray
+    base: int
+
+
+def build_trie(tokens: np.ndarray, lengths: np.ndarray, base: int) -> Trie:
+    """The trie of ``tokens: int64[N, L]`` (rows padded with -1) of lengths ``int64[N]``."""
+    n, width = tokens.shape
+    depth = np.arange(width + 1)[None, :]
+    if n == 0:
+        return Trie(np.zeros((0, width + 1), np.int64), np.zeros((0, 2), np.int64), np.zeros(0, np.int64), base)
+    order = np.lexsort(tokens.T[::-1]) if width else np.arange(n)
+    srt, lens = tokens[order], lengths[order]
+    # lcp[i]: common prefix of sorted rows i-1 and i (0 for the first row).
+    same = np.cumprod(srt[1:] == srt[:-1], axis=1).sum(axis=1) if width else np.zeros(n - 1, np.int64)
+    lcp = np.concatenate([[0], np.minimum(same, np.minimum(lens[1:], lens[:-1]))])
+    real = depth <= lens[:, None]
+    new = real & ((np.arange(n)[:, None] == 0) | (depth > lcp[:, None]))
+    ids = np.cumsum(new.reshape(-1)).reshape(new.shape) - 1
+    # A non-new real entry belongs to the node of the row above (its prefix is shared): ids grow
+    # down every column, so a running max carries each node's id down to its later rows.
+    node_sorted = np.maximum.accumulate(np.where(new, ids, -1), axis=0)
+    node_sorted = np.where(real, node_sorted, -1)
+    node_of = np.empty_like(node_sorted)
+    node_of[order] = node_sorted
+    rows, depths = np.nonzero(new)
+    first = np.stack([order[rows], depths], axis=1)
+    # (node, child token) pairs: every real step of every row.
+    has_child = depth[:, :-1] < lengths[:, None]
+    parents = node_of[:, :-1][has_child]
+    child_keys = np.unique(parents * base + tokens[has_child])
+    return Trie(node_of, first, child_keys, base)
+
+
+def _is_child(trie: Trie, nodes: np.ndarray, toks: np.ndarray) -> np.ndarray:
+    """bool[...]: whether ``nodes + toks`` is in the trie (same shapes)."""
+    keys = nodes * trie.base + toks
+    if trie.child_keys.size == 0:
+        return np.zeros(keys.shape, bool)
+    pos = np.minimum(np.searchsorted(trie.child_keys, keys), trie.child_keys.size - 1)
+    return trie.child_keys[pos] == keys
+
+
+def node_exits(s: ScoredArrays, trie: Trie, structure: Structure) -> Exits:
+    """Every exit of the trie with its bound (see the module docstring)."""
+    tokens, known = s.tokens, s.known
+    n_nodes = trie.first.shape[0]
+    if n_nodes == 0:  # nothing scored: the root alone, live
+        return _root_exits(s, structure)
+    cum = np.concatenate([np.zeros((tokens.shape[0], 1)), np.cumsum(s.steps, axis=1)], axis=1)
+    # One occurrence per node where its own score is known (d <= known), and one where its
+    # distribution is (d < known).
+    nodes_s, occ_s = _occurrences(trie, known, strict=False)
+    nodes_d, occ_d = _occurrences(trie, known, strict=True)
+    prefix_score = np.full(n_nodes, np.nan)  # NaN (never clears) if a live node had none
+    prefix_score[nodes_s] = cum[occ_s[:, 0], occ_s[:, 1]]
+    live = _live(trie, tokens, structure)
+    fetched = np.zeros(n_nodes, bool)
+    if s.rows:
+        cand = np.flatnonzero(live)
+        fetched[cand] = [_prefix(s, trie, v) in s.rows for v in cand]
+    with_dist = np.zeros(n_nodes, bool)
+    with_dist[nodes_d] = True
+    top = live[nodes_d] & ~fetched[nodes_d]
+    blind = np.flatnonzero(live & ~fetched & ~with_dist)
+    parts = [
+        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], prefix_score),
+        _row_exits(s, trie, structure, np.flatnonzero(fetched), prefix_score),
+        # Live nodes without a distribution: everything below them is bounded by their score.
+        Exits(trie.first[blind, 0], trie.first[blind, 1], np.full(blind.size, REST), prefix_score[blind]),
+    ]
+    return _concat(parts)
+
+
+def _concat(parts) -> Exits:
+    """One Exits of several (possibly none)."""
+    dtypes = (np.int64, np.int64, np.int64, np.float64)
+    return Exits(*(np.concatenate([np.zeros(0, dt)] + [np.asarray(p[f], dt) for p in parts]) for f, dt in enumerate(dtypes)))
+
+
+def _root_exits(s: ScoredArrays, structure: Structure) -> Exits:
+    """Exits of an empty scored set: every token from the fetched root row, or one rest exit."""
+    row = s.rows.get(())
+    if row is None:
+        return Exits(np.array([-1]), np.array([0]), np.array([REST]), np.array([0.0]))
+    toks = np.arange(np.asarray(row).size)
+    if structure.eos is not None and structure.max_len == 1:
+        toks = toks[toks == structure.eos]
+    vals = np.minimum(np.asarray(row, np.float64)[toks], 0.0)
+    keep = np.isfinite(vals)
+    return _concat([Exits(np.full(int(keep.sum()), -1), np.zeros(int(keep.sum())), toks[keep], vals[keep])])
+
+
+def _occurrences(trie: Trie, known: np.ndarray, *, strict: bool):
+    """For each node that has one, an occurrence ``(row, depth)`` with ``depth < known[row]``
+    (``strict``) or ``<=``: returns ``(nodes int64[K'], occ int64[K', 2])``."""
+    d = np.arange(trie.node_of.shape[1])[None, :]
+    ok = (trie.node_of >= 0) & ((d < known[:, None]) if strict else (d <= known[:, None]))
+    rows, depths = np.nonzero(ok)
+    nodes, idx = np.unique(trie.node_of[rows, depths], return_index=True)
+    return nodes, np.stack([rows[idx], depths[idx]], axis=1)
+
+
+def _live(trie: Trie, tokens: np.ndarray, structure: Structure) -> np.ndarray:
+    """bool[K]: nodes a support sequence can still extend."""
+    row, depth = trie.first[:, 0], trie.first[:, 1]
+    live = depth < structure.max_len
+    if structure.eos is not None:
+        seen = np.cumsum(tokens == structure.eos, axis=1)
+        seen = np.concatenate([np.zeros((tokens.shape[0], 1), seen.dtype), seen], axis=1)
+        live &= seen[row, depth] == 0
+    return live
+
+
+def _prefix(s: ScoredArrays, trie: Trie, node: int) -> tuple:
+    row, depth = trie.first[node]
+    return tuple(int(t) for t in s.tokens[row, :depth])
+
+
+def _top_m_exits(s, trie, structure, nodes, occ, prefix_score) -> Exits:
+    rows, depths = occ[:, 0], occ[:, 1]
+    vals = s.top_lps[rows, depths].astype(np.float64)  # [K, m]
+    ids = s.top_ids[rows, depths].astype(np.int64)
+    m = vals.shape[1]
+    last = np.zeros(nodes.size, bool) if structure.eos is None else depths == structure.max_len - 1
+    child = _is_child(trie, np.broadcast_to(nodes[:, None], ids.shape), ids)
+    allowed = ~child & np.isfinite(vals) & ~last[:, None]
+    k_idx, j_idx = np.nonzero(allowed)
+    seq = [trie.first[nodes[k_idx], 0]]
+    dep = [depths[k_idx]]
+    tok = [ids[k_idx, j_idx]]
+    val = [prefix_score[nodes[k_idx]] + vals[k_idx, j_idx]]
+    # Tokens outside the top-m: at most the m-th value each (none when m covers the vocabulary).
+    if m < structure.vocab_size:
+        rest = ~last & np.isfinite(vals[:, -1])
+        seq.append(trie.first[nodes[rest], 0])
+        dep.append(depths[rest])
+        tok.append(np.full(int(rest.sum()), REST))
+        val.append(prefix_score[nodes[rest]] + vals[rest, -1])
+    if structure.eos is not None and last.any():
+        eos_vals = s.eos_lps[rows[last], depths[last]].astype(np.float64)
+        open_ = ~_is_child(trie, nodes[last], np.full(int(last.sum()), structure.eos)) & np.isfinite(eos_vals)
+        seq.append(trie.first[nodes[last][open_], 0])
+        dep.append(depths[last][open_])
+        tok.append(np.full(int(open_.sum()), structure.eos))
+        val.append(prefix_score[nodes[last][open_]] + eos_vals[open_])
+    return _concat([Exits(*parts) for parts in zip(seq, dep, tok, val)])
+
+
+def _row_exits(s, trie, structure, nodes, prefix_score) -> Exits:
+    """Exact exits of nodes whose full next-token row was fetched."""
+    parts = []
+    for v in nodes:
+        row = np.minimum(np.asarray(s.rows[_prefix(s, trie, v)], np.float64), 0.0)
+        depth = int(trie.first[v, 1])
+        toks = np.arange(row.size)
+        if structure.eos is not None and depth == structure.max_len - 1:
+            toks = toks[toks == structure.eos]
+        toks = toks[~_is_child(trie, np.full(toks.size, v), toks) & np.isfinite(row[toks])]
+        parts.append(Exits(np.full(toks.size, trie.first[v, 0]), np.full(toks.size, depth), toks, prefix_score[v] + row[toks]))
+    return _concat(parts)
+
+
+class Frontier(NamedTuple):
+    """``bound``: the frontier bound F (float64; -inf when no exit exists, i.e. the scored set
+    holds the target's whole support); ``exits``: every exit, for the search to expand."""
+
+    bound: float
+    exits: Exits
+
+
+def frontier(s: ScoredArrays, structure: Structure) -> Frontier:
+    """The frontier bound of a scored set and the exits it comes from."""
+    base = int(max(structure.vocab_size, int(s.tokens.max(initial=-1)) + 1, int(s.top_ids.max(initial=-1)) + 1, 1))
+    trie = build_trie(s.tokens, s.lengths, base)
+    exits = node_exits(s, trie, structure)
+    bound = float(exits.value.max()) if exits.value.size else -np.inf
+    return Frontier(bound, exits)
+
+
+def clears(worst: float, bound: float, tolerance: float) -> bool:
+    """Whether ``worst`` provably beats every sequence below ``bound``: ``worst >= bound +
+    tolerance`` with float64 rounding on top; ``bound == -inf`` (nothing left) always clears."""
+    if bound == -np.inf:
+        return True
+    if not np.isfinite(worst):
+        return False
+    slack = 8 * np.finfo(np.float64).eps * (abs(worst) + abs(bound))
+    return bool(worst - bound >= tolerance + slack)

@@ -1,0 +1,185 @@
+"""Speculative exact search: grow a scored set until the frontier bound proves the answer.
+
+Each round (see DESIGN.md §4b):
+
+1. the frontier of the scored set gives every exit (p, t) with its bound ``target(p) + log
+   p_target(t | p)``; the exits whose bound does not clear the current answer's worst score by
+   the target's tolerance are *open*;
+2. open exits whose token the forward's top-m does not name get their node's full target row
+   (one batched ``next_logprobs`` call), which turns them into named exits;
+3. the DRAFT completes every open exit's prefix ``p + t`` greedily (batched across exits, one
+   draft call per step) — the draft speculates whole paths;
+4. the target scores only the new sequences in ONE batched teacher-forcing call, which verifies
+   every position of every speculated path at once (speculative decoding's trick, applied to
+   exact search), and the loop repeats.
+
+A new node's exits are worth at most its parent exit's bound, and every round adds a node per
+open exit, so the loop ends on any finite support; ``max_rounds`` and ``max_sequences`` bound it
+in practice. The answer is then proven, or returned with the reason it is not.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxrescore.rescore.frontier import REST, Frontier, Structure, clears, frontier
+from jaxrescore.rescore.scored import ScoredSet
+
+
+class Proof(NamedTuple):
+    """A frontier verdict: ``proven`` (None: the target gives no distributions), the frontier
+    bound (None when unavailable), the worst returned score it was checked against, and why."""
+
+    proven: bool | None
+    frontier_bound: float | None
+    reason: str
+
+
+def kth_best(scores: np.ndarray, rank: int) -> float:
+    """The score at 0-based target ``rank`` among ``scores`` (-inf when there are fewer)."""
+    if rank < 0:
+        return np.inf
+    if scores.size <= rank:
+        return -np.inf
+    return float(-np.partition(-scores, rank)[rank])
+
+
+def check_proof(scored: ScoredSet, n: int, start: int, k: int, front: Frontier | None = None) -> tuple[Proof, Frontier | None]:
+    """Whether the target's top ``[start, start + k)`` among the first ``n`` scored sequences is
+    its exact answer over the whole support."""
+    if not scored.proves:
+        return Proof(None, None, "the target gives no next-token distributions (no score_frontier)"), None
+    if front is None:
+        front = frontier(scored.arrays(n), scored.structure)
+    if start < 0:
+        return Proof(False, front.bound, "a negative start asks for ranks that do not exist"), front
+    worst = kth_best(scored.target_lps[:n], start + k - 1)
+    bound = front.bound
+    if bound == -np.inf:
+        return Proof(True, bound, f"the {n} scored sequences are the target's whole support"), front
+    if worst == -np.inf:
+        return Proof(False, bound, f"fewer than start + k = {start + k} scored sequences are in the target's support"), front
+    ok = clears(worst, bound, scored.tolerance)
+    verb = "clears" if ok else "does not clear"
+    return Proof(
+        ok,
+        bound,
+        f"worst returned target log-prob {worst:.6g} {verb} the frontier bound {bound:.6g} + the "
+        f"target's score tolerance {scored.tolerance:g}",
+    ), front
+
+
+def completion_model(draft_index: Any, draft_model: Any, target: Any):
+    """The model that completes exit prefixes: ``draft_model`` if given, else the draft index's
+    own model when it has the batched protocol (``next_logprobs(prefixes, lengths)``) or the
+    reference library's per-prefix form (wrapped in a CallableModel), else None."""
+    model = draft_model if draft_model is not None else getattr(draft_index, "model", None)
+    fn = getattr(model, "next_logprobs", None)
+    if model is None or not callable(fn):
+        return None
+    try:
+        arity = len([p for p in inspect.signature(fn).parameters.values() if p.default is p.empty])
+    except (TypeError, ValueError):
+        arity = 2
+    if arity >= 2 and hasattr(model, "vocab_size") and hasattr(model, "max_len"):
+        return model
+    if arity == 1:
+        from jaxrescore.models.callable import CallableModel
+
+        max_len = getattr(model, "max_len", None) or getattr(target, "max_len")
+        return CallableModel(fn, max_len=int(max_len), eos=getattr(model, "eos", None))
+    return None
+
+
+def greedy_complete(model, prefixes: list, structure: Structure) -> list:
+    """Complete each prefix into a sequence of the target's support by taking the model's likeliest
+    next token (batched over prefixes, one model call per step). A terminating target's rows
+    end with ``eos`` (forced at ``max_len - 1``), a fixed-length target's at ``max_len`` tokens."""
+    rows = [list(p) for p in prefixes]
+    eos, max_len = structure.eos, structure.max_len
+    limit = min(max_len, int(getattr(model, "max_len", max_len)))
+
+    def done(r):
+        return (eos is not None and r and r[-1] == eos) or len(r) >= max_len
+
+    while True:
+        alive = [i for i, r in enumerate(rows) if not done(r)]
+        if eos is not None:  # the last position: only eos leads into the support
+            for i in [i for i in alive if len(rows[i]) == max_len - 1]:
+                rows[i].append(eos)
+            alive = [i for i in alive if not done(rows[i])]
+        if not alive:
+            return [tuple(r) for r in rows]
+        if any(len(rows[i]) >= limit for i in alive):
+            raise ValueError(
+                f"the completion model (max_len={limit}) cannot extend a prefix to the target's "
+                f"max_len={max_len}; pass draft_model= a model as long as the target"
+            )
+        width = max(1, max(len(rows[i]) for i in alive))
+        toks = np.zeros((len(alive), width), np.int32)
+        for j, i in enumerate(alive):
+            toks[j, : len(rows[i])] = rows[i]
+        lens = np.array([len(rows[i]) for i in alive], np.int32)
+        lp = np.asarray(model.next_logprobs(toks, lens), np.float64)
+        best = np.argmax(np.where(np.isnan(lp), -np.inf, lp), axis=1)
+        for j, i in enumerate(alive):
+            rows[i].append(int(best[j]))
+
+
+class SearchBudget(NamedTuple):
+    """Limits of one search: scoring rounds (target calls that score sequences) and target
+    sequences in all."""
+
+    max_rounds: int
+    max_sequences: int
+
+
+def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget):
+    """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out. ``complete(prefixes) -> sequences`` speculates paths; ``draft_scores(seqs)
+    -> float[N]`` gives their draft log-probs (NaN when unknown).
+
+    Returns:
+      ``(Proof, rounds)``: the final verdict and the scoring rounds made (the head's included).
+    """
+    rounds = 1
+    proof, front = check_proof(scored, len(scored), start, k)
+    while not proof.proven and proof.proven is not None and start >= 0:
+        if rounds >= budget.max_rounds:
+            return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), rounds
+        room = budget.max_sequences - len(scored)
+        if room <= 0:
+            return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), rounds
+        prefixes = _open_prefixes(scored, front, start, k)
+        if prefixes is None:  # a full row was fetched: recompute before completing
+            proof, front = check_proof(scored, len(scored), start, k)
+            prefixes = _open_prefixes(scored, front, start, k, fetch=False)
+        new = scored.new(complete(prefixes[:room]))
+        if not new:
+            return proof._replace(reason=f"{proof.reason}; the search found nothing new"), rounds
+        scored.add(new, draft_scores(new), np.full(len(new), -1))
+        rounds += 1
+        proof, front = check_proof(scored, len(scored), start, k)
+    return proof, rounds
+
+
+def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fetch: bool = True):
+    """The ``p + t`` prefixes of the open exits, likeliest bound first; or None after fetching
+    the full rows of nodes whose open exit is a top-m "rest" (when ``fetch``)."""
+    worst = kth_best(scored.target_lps, start + k - 1)
+    ex = front.exits
+    is_open = ex.value > worst - scored.tolerance if np.isfinite(worst) else np.isfinite(ex.value)
+    order = np.argsort(-ex.value[is_open], kind="stable")
+    seq, depth, token = (a[is_open][order] for a in (ex.seq, ex.depth, ex.token))
+    arrays = scored.arrays()
+
+    def prefix(e):
+        return tuple(int(t) for t in arrays.tokens[seq[e], : depth[e]]) if seq[e] >= 0 else ()
+
+    rest = np.flatnonzero(token == REST)
+    if fetch and rest.size:
+        scored.fetch_rows([prefix(e) for e in rest])
+        return None
+    return [prefix(e) + (int(token[e]),) for e in range(token.size) if token[e] != REST]
