@@ -74,9 +74,9 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
         "--window",
         type=_non_negative_int,
         default=None,
-        help="extra draft candidates rescored by the target (default: a 64-wide first query, then, "
-        "if it does not certify, one query deep enough for the certificate: the pull is grown in 25%% "
-        "steps until the draft bound allows it)",
+        help="extra draft candidates rescored by the target in a query's first round (default: 32 "
+        "for the proven search; for the gap-certified query a 64-wide first query grown until it "
+        "certifies)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -90,31 +90,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="top-k US first names: n-gram draft orders, shipped transformer scores",
-        description="Enumerate the most probable US first names under a small character "
-        "transformer (the target), ordered by a character n-gram (the draft), with a certificate.",
+        description="The most probable US first names under a small character transformer (the "
+        "target), found through a character n-gram (the draft) and PROVEN exact; beside it, the "
+        "cost of an exact best-first search over the target and the gap-certified query.",
     )
     _add_query_args(p)
     p.add_argument(
         "--gap",
         type=_gap,
         default=None,
-        help="assumed max |target - draft| log-prob gap in nats (default: the max observed on "
-        "common names and target samples the target rates near or above the answers, plus a "
-        "1-nat margin; an assumption, not a proof)",
+        help="assumed max target - draft log-prob gap in nats for the gap-certified query "
+        "(default: the max observed on common names and target samples the target rates near or "
+        "above the answers, plus a 1-nat margin; an assumption, not a proof)",
     )
     p.add_argument("--prefix", default="", help="only names starting with this (lowercase a-z)")
     p.add_argument("--target", type=Path, default=None, help="target weights (default: shipped)")
 
     p = sub.add_parser(
         "enumerate",
-        help="top-k of your own saved target, ordered by your own saved draft",
-        description="Speculative enumeration with models saved by jaxrescore.models.save_model.",
+        help="proven top-k of your own saved target, found through your own saved draft",
+        description="Speculative exact search with models saved by jaxrescore.models.save_model.",
     )
     p.add_argument("--target", type=Path, required=True, help="saved target model")
     p.add_argument("--draft", type=Path, required=True, help="saved draft model")
     _add_query_args(p)
     p.add_argument(
-        "--gap", type=_gap, default=None, help="assumed max gap (nats); none = no certificate"
+        "--gap", type=_gap, default=None,
+        help="assumed max target - draft gap (nats) for a gap-certified query too; none = proof only"
     )
     p.add_argument("--prompt", type=_token_list, default=(), help="prompt token ids, e.g. 3,1,4")
     p.add_argument("--bits", type=float, default=None, help="draft index depth budget in bits")

@@ -1,21 +1,25 @@
 """The names demo: a shipped character transformer (target), an n-gram fitted at start-up (draft).
 
 Everything the ``jaxrescore demo`` / ``enumerate`` / ``train`` commands do lives here as plain
-functions returning plain data; :mod:`jaxrescore.cli` only parses arguments and prints.
+functions returning plain data; :mod:`jaxrescore.cli` only parses arguments and prints. The
+searches themselves live in the library (``RescoredIndex.top_k(k, prove=True)``,
+``until_certified=True``, :func:`~jaxrescore.index.best_first.best_first_top_k`).
 
-The assumed gap. A character n-gram and a transformer disagree by many nats on strings far down
-the distribution, so no useful gap holds globally. The certificate needs less: if every sequence
-with target log-prob ``>= tau`` has ``|target - draft| <= G``, and the worst returned score ``w``
-satisfies ``w >= tau`` and ``w >= bound + G``, then an unpulled sequence ``s`` with
-``target(s) > w`` would have ``draft(s) >= target(s) - G > bound``, which no unpulled sequence
-has. The default ``G`` is the gap observed on measured sequences above ``tau`` (the ``k``-th best
-measured target score minus a nat) plus a margin, and the demo reports whether ``w >= tau``. It
-is an estimate from a finite sample: the output always says so.
+The demo leads with the PROVEN top-k: the target's exact answer, with no assumption, found by the
+speculative exact search. Next to it, what the same answer costs an exact best-first search over
+the target (no draft), and the spec's gap-certified query. That certificate needs an assumed gap
+``G``; it only has to hold where an answer can come from: if every sequence with target log-prob
+``>= tau`` has ``target - draft <= G``, and the worst returned score ``w`` satisfies ``w >= tau``
+and ``w >= bound + G``, no unpulled sequence can beat ``w``. The default ``G`` is the one-sided gap
+observed on measured sequences above ``tau`` (:func:`~jaxrescore.models.gap.estimate_top_gap`)
+plus a margin, and the demo reports whether ``w >= tau``. It is an estimate from a finite sample:
+the output always says so.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 from importlib import resources
 from pathlib import Path
 
@@ -96,8 +100,10 @@ def train_demo_target(
 # ---- models ------------------------------------------------------------------------------------
 
 DRAFT_ORDER = 6
+PROVE_WINDOW = 32
+"""Draft candidates beyond k in the proving run's first round (measured on the names models:
+fewer rounds than 0, fewer sequences than 64)."""
 FIRST_WINDOW = 64
-MAX_WINDOW = 16384
 GAP_REGION_MARGIN = 1.0
 GAP_TOP_NAMES = 4096
 GAP_SAMPLES = 1024
@@ -148,62 +154,15 @@ def check_prefix(prefix: str) -> tuple[int, ...]:
     return encode(prefix, eos=False)
 
 
-# ---- gap estimate ------------------------------------------------------------------------------
-
-
-def estimate_region_gap(
-    draft,
-    target,
-    candidates: list[tuple[int, ...]],
-    k: int,
-    *,
-    n_samples: int = GAP_SAMPLES,
-    region_margin: float = GAP_REGION_MARGIN,
-    seed: int = 0,
-) -> dict:
-    """The observed max ``|target - draft|`` over the sequences a top-``k`` answer can come from.
-
-    Why only there: an unpulled sequence can displace a returned one only if the target rates it
-    at least as high as the worst returned item, whose log-prob is at least ``t_k``, the ``k``-th
-    best target score among the measured sequences. So the certificate needs the gap to hold only
-    on sequences with target log-prob >= ``t_k``; this measures it on those >= ``t_k -
-    region_margin``, from ``candidates`` (e.g. the commonest names) plus ``n_samples`` ancestral
-    samples from the target. A finite sample: an ESTIMATE, not a bound.
-
-    Returns:
-      ``{"measured", "sequences", "region_lp", "n_candidates", "n_samples", "target_scored"}``;
-      ``region_lp`` is the lowest target log-prob the estimate covers, ``target_scored`` the
-      distinct sequences the target scored for it (a one-off calibration cost per model pair).
-    """
-    from jaxrescore.models.sampling import sample_sequences
-
-    samples = sample_sequences(target, n_samples, seed=seed).to_tuples()
-    seqs = sorted(set(candidates) | set(samples))
-    t = np.asarray(target.score_sequences(seqs), np.float64)
-    d = np.asarray(draft.score_sequences(seqs), np.float64)
-    region = float(np.sort(t)[::-1][min(k, t.size) - 1]) - region_margin
-    keep = t >= region
-    return {
-        "measured": float(np.abs(t - d)[keep].max()),
-        "sequences": int(keep.sum()),
-        "region_lp": region,
-        "n_candidates": len(candidates),
-        "n_samples": int(n_samples),
-        "target_scored": len(seqs),
-    }
-
-
-def assumed_gap_from(estimate: dict, margin: float = GAP_MARGIN) -> tuple[float, str]:
-    """The default ``assumed_gap`` (estimate + margin) and a sentence saying where it came from."""
-    value = estimate["measured"] + margin
-    source = (
-        f"assumed to hold for every sequence with target log-prob >= {estimate['region_lp']:.3f}, "
-        f"the only ones that could displace an answer; estimated as the max |target - draft| = "
-        f"{estimate['measured']:.3f} nats observed over {estimate['sequences']} such sequences "
-        f"(from the {estimate['n_candidates']} commonest names and {estimate['n_samples']} target "
-        f"samples) plus a {margin:g}-nat margin: an assumption, not a proof"
+def gap_source(estimate, margin: float = GAP_MARGIN) -> str:
+    """A sentence saying where an estimated ``assumed_gap`` came from."""
+    return (
+        f"assumed for sequences with target log-prob >= {estimate.region_lp:.3f} (the only ones "
+        f"that could displace an answer): max target - draft = {estimate.excess:.3f} nats over "
+        f"{estimate.n_region} such sequences (of {estimate.n_distinct} scored: the "
+        f"{estimate.n_candidates} commonest names and {estimate.n_samples} target samples) "
+        f"plus {margin:g} nat; an assumption, not a proof"
     )
-    return value, source
 
 
 # ---- queries -----------------------------------------------------------------------------------
@@ -217,84 +176,6 @@ def _draft_index(draft, progress: bool):
     index = SeekIndex(draft, progress=progress or False)
     index.progress = None if progress else False
     return index
-
-
-def _rescored_top_k(index, target, k: int, window: int, gap: float | None):
-    from jaxrescore.rescore.index import RescoredIndex
-
-    rescored = RescoredIndex(index, target, rerank_window=window, assumed_gap=gap)
-    return rescored.top_k(k), rescored.target_calls, rescored.target_sequences
-
-
-def pull_needed(index, need: float, start: int, cap: int) -> int | None:
-    """A pull size ``n`` in ``[start, cap]`` whose sound bound ``index.bucket_bound(n)`` is at
-    most ``need``: the first found by growing ``n`` from ``start`` in 25% steps (so at most 25%
-    above the smallest), deepening the index as it goes. None if even ``cap`` does not get there
-    (the index was cut above ``need``, or ``cap`` is too small)."""
-    n = start
-    while n <= cap:
-        index.ensure_count(n + 1)
-        if index.bucket_bound(n) <= need:
-            return n
-        if len(index) <= n:
-            return None  # nothing more to pull: a cut prefix keeps the bound above need
-        n = max(n + 1, int(n * 1.25))
-    return None
-
-
-def speculative_top_k(index, target, k: int, window: int | None, assumed_gap: float | None):
-    """``RescoredIndex(index, target, rerank_window=..., assumed_gap=...).top_k(k)``.
-
-    With ``window=None`` the window is chosen by the certificate itself: a first query with
-    :data:`FIRST_WINDOW`; if it does not certify, its worst target score ``w`` says how far down
-    the draft order must go (to a sound bound ``<= w - assumed_gap``), and ONE second query pulls
-    that far; when even :data:`MAX_WINDOW` would not get there, no second query is made. A wider
-    pull can only raise the worst returned score, so the second query certifies.
-
-    Returns:
-      ``(result, windows, target_calls, target_sequences)``: the final RescoreResult, the windows
-      tried, and the target cost summed over the queries (one batched call each).
-    """
-    first = FIRST_WINDOW if window is None else window
-    result, calls, sequences = _rescored_top_k(index, target, k, first, assumed_gap)
-    windows = [first]
-    retry = result.certified is False and result.bound is not None and len(result.items) == k
-    if window is None and retry:
-        need = result.items[-1][1] - assumed_gap
-        n = pull_needed(index, need, k + first + 1, k + MAX_WINDOW)
-        if n is not None:  # otherwise no window up to MAX_WINDOW could certify: spare the target
-            windows.append(n - k)
-            result, c, q = _rescored_top_k(index, target, k, windows[-1], assumed_gap)
-            calls, sequences = calls + c, sequences + q
-    return result, windows, calls, sequences
-
-
-class _CallCounter:
-    """Delegates to a model, counting its batched ``next_logprobs`` calls."""
-
-    def __init__(self, model):
-        self.model = model
-        self.vocab_size, self.eos, self.max_len = model.vocab_size, model.eos, model.max_len
-        self.calls = 0
-
-    def next_logprobs(self, prefixes, lengths):
-        self.calls += 1
-        return self.model.next_logprobs(prefixes, lengths)
-
-
-def exact_target_cost(target, k: int) -> dict:
-    """What enumerating the target itself costs: a SeekIndex over the target deepened until it
-    holds ``k`` sequences (a lower bound on an exact top-k by the target alone).
-
-    Returns:
-      ``{"forwards": target prefix rows evaluated, "calls": batched target calls,
-      "sequences": sequences indexed}``.
-    """
-    from jaxrescore.index.seek import SeekIndex
-
-    counted = _CallCounter(target)
-    index = SeekIndex(counted, progress=False).ensure_count(k)
-    return {"forwards": int(index.forwards), "calls": counted.calls, "sequences": len(index)}
 
 
 def _check_window(window) -> int | None:
@@ -319,19 +200,60 @@ def _check_gap(gap) -> float | None:
     return float(gap)
 
 
-def _outcome(result, windows, calls, sequences) -> dict:
-    """The RescoreResult fields every command reports (JSON-ready)."""
+def proven_top_k(index, target, k: int, window: int | None) -> dict:
+    """The proven top-``k``: ``RescoredIndex(index, target).top_k(k, prove=True)`` and its cost."""
+    from jaxrescore.rescore.index import RescoredIndex
+
+    rescored = RescoredIndex(index, target, rerank_window=PROVE_WINDOW if window is None else window)
+    result = rescored.top_k(k, prove=True)
     return {
+        "result": result,
+        "proven": result.proven,
+        "frontier_bound": _finite_or_none(result.frontier_bound),
+        "proof_reason": result.proof_reason,
+        "rounds": result.rounds,
+        "window": rescored.rerank_window,
+        "target_calls": rescored.target_calls,
+        "target_sequences": rescored.target_sequences,
+    }
+
+
+def certified_top_k(index, target, k: int, window: int | None, gap: float) -> dict:
+    """The spec's gap-certified top-``k``: with ``window=None`` a :data:`FIRST_WINDOW` query grown
+    until certified (``until_certified``), else one query with that window."""
+    from jaxrescore.rescore.index import RescoredIndex
+
+    rescored = RescoredIndex(index, target, rerank_window=FIRST_WINDOW if window is None else window, assumed_gap=gap)
+    result = rescored.top_k(k, until_certified=window is None)
+    return {
+        "result": result,
         "certified": result.certified,
         "bound": result.bound,
         "gap": result.gap,
-        "excess": result.excess if np.isfinite(result.excess) else None,
+        "excess": _finite_or_none(result.excess),
         "reason": result.reason,
-        "window": windows[-1],
-        "windows_tried": windows,
-        "target_calls": calls,
-        "target_sequences": sequences,
+        "assumed_gap": gap,
+        "window": rescored.rerank_window,
+        "rounds": result.rounds,
+        "target_calls": rescored.target_calls,
+        "target_sequences": rescored.target_sequences,
     }
+
+
+def best_first_cost(target, k: int) -> dict:
+    """What the exact answer costs without a draft: batched best-first search over the target."""
+    from jaxrescore.index.best_first import best_first_top_k
+
+    found = best_first_top_k(target, k)
+    return {"forwards": found.forwards, "calls": found.calls, "items": [s for s, _ in found.items]}
+
+
+def _finite_or_none(value):
+    return value if value is not None and np.isfinite(value) else None
+
+
+def _same_answer(a: list, b: list) -> bool:
+    return [tuple(x) for x in a] == [tuple(x) for x in b]
 
 
 def run_demo(
@@ -343,32 +265,36 @@ def run_demo(
     target_path: str | os.PathLike | None = None,
     progress: bool = True,
     measure_exact: bool = True,
+    certify: bool = True,
 ) -> dict:
-    """The names demo, end to end: the ``k`` likeliest names under the target, found through the
-    n-gram draft's SeekIndex, with the certificate and the cost.
+    """The names demo, end to end: the PROVEN ``k`` likeliest names under the target, found through
+    the n-gram draft's SeekIndex, next to what an exact best-first search over the target costs and
+    to the spec's gap-certified query.
 
     Args:
       k: names to return.
-      window: rerank window; None lets the certificate choose it (see :func:`speculative_top_k`).
-      gap: assumed max ``|target - draft|`` in nats; None = estimated (see
-        :func:`estimate_region_gap`) plus :data:`GAP_MARGIN`.
+      window: rerank window of both runs; None: :data:`PROVE_WINDOW` for the proof, and a
+        certificate-driven window for the gap run (see :func:`certified_top_k`).
+      gap: assumed max ``target - draft`` in nats for the gap run; None = estimated with
+        :func:`~jaxrescore.models.gap.estimate_top_gap` plus :data:`GAP_MARGIN`.
       prefix: only names starting with it (both models are prompted with it; log-probs are then
         conditional on the prefix).
       target_path: target weights (default: the shipped ones).
       progress: show the draft index's progress bar.
-      measure_exact: also build a target SeekIndex to report what exact enumeration costs.
+      measure_exact: also run the exact best-first search over the target.
+      certify: also run the gap-certified query.
 
     Returns:
-      A JSON-ready dict: ``items`` (``text``, ``target_log_prob``, ``draft_log_prob``),
-      ``birth_ranks`` (rank by birth count, None for a string that is not a shipped name),
+      A JSON-ready dict: ``items`` (``text``, ``target_log_prob``, ``draft_log_prob``,
+      ``birth_rank``: rank by birth count, None for a string that is not a shipped name),
       ``true_top_k_overlap`` (how many items are among the ``k`` commonest names with the prefix),
-      ``certified``, ``bound``, ``gap`` (observed max ``|target - draft|``), ``excess``
-      (observed max ``target - draft``, None before any finite pair), ``reason``, ``assumed_gap``,
-      ``gap_source``, ``gap_region_lp`` (the lowest target log-prob the gap estimate covers;
-      None for a given gap), ``gap_calibration_sequences`` (target-scored by the gap estimate, a
-      one-off cost not counted in ``target_sequences``), ``gap_covers_answers`` (whether the
-      worst answer lies inside that region, which the certificate's argument needs), ``window``, ``target_calls``, ``target_sequences``, ``draft_forwards``,
-      ``exact_target``, ``seconds`` and the arguments.
+      the proof (``proven``, ``frontier_bound``, ``proof_reason``, ``rounds``, ``window``,
+      ``target_calls``, ``target_sequences``), ``exact_best_first`` (``forwards``, ``calls``,
+      ``same_answer``) or None, ``gap_certified`` (``certified``, ``bound``, ``gap``, ``excess``,
+      ``reason``, ``assumed_gap``, ``gap_source``, ``gap_region_lp``,
+      ``gap_calibration_sequences``, ``gap_covers_answers``, ``window``, ``rounds``,
+      ``target_calls``, ``target_sequences``, ``same_answer``) or None, ``draft_forwards``,
+      ``seconds`` and the arguments.
     """
     import time
 
@@ -380,114 +306,146 @@ def run_demo(
     target, draft = load_target(target_path), fit_draft()
     if prompt:
         target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
-    if gap is None:
-        common = [encode(n[len(prefix):]) for n, _ in load_names() if n.startswith(prefix)]
-        estimate = estimate_region_gap(draft, target, common[:GAP_TOP_NAMES], k)
-        gap, source = assumed_gap_from(estimate)
-        region, calibration = estimate["region_lp"], estimate["target_scored"]
-    else:
-        source, region, calibration = "given with --gap", None, 0
     index = _draft_index(draft, progress)
-    result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
-    exact = exact_target_cost(target, k) if measure_exact else None
+    proof = proven_top_k(index, target, k, window)
+    result = proof.pop("result")
+    answer = [s for s, _ in result.items]
+    exact = best_first_cost(target, k) if measure_exact else None
+    if exact is not None:
+        exact["same_answer"] = _same_answer(exact.pop("items"), answer)
+    certified = _gap_run(index, draft, target, k, window, gap, prefix, answer) if certify else None
     ranks = name_ranks()
-    texts = [prefix + decode(seq) for seq, _ in result.items]
+    texts = [prefix + decode(seq) for seq in answer]
     true_top = [n for n, _ in load_names() if n.startswith(prefix)][:k]
-    out = {
+    return {
         "items": [
-            {"text": text, "target_log_prob": lp, "draft_log_prob": dlp}
+            {"text": text, "target_log_prob": lp, "draft_log_prob": _finite_or_none(dlp), "birth_rank": ranks.get(text)}
             for text, (_, lp), dlp in zip(texts, result.items, result.draft_log_probs)
         ],
-        "birth_ranks": [ranks.get(text) for text in texts],
         "true_top_k_overlap": len(set(true_top).intersection(texts)),
-        **_outcome(result, windows, calls, sequences),
-        "assumed_gap": gap,
-        "gap_source": source,
-        "gap_region_lp": region,
-        "gap_calibration_sequences": calibration,
-        "gap_covers_answers": None if region is None or not result.items
-        else result.items[-1][1] >= region,
+        **proof,
+        "exact_best_first": exact,
+        "gap_certified": certified,
         "draft_forwards": int(index.forwards),
-        "exact_target": exact,
         "k": k,
         "prefix": prefix,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _gap_run(index, draft, target, k, window, gap, prefix, answer) -> dict:
+    """The gap-certified query of :func:`run_demo`, with where its gap came from."""
+    from jaxrescore.models.gap import estimate_top_gap
+
+    if gap is None:
+        common = [encode(n[len(prefix):]) for n, _ in load_names() if n.startswith(prefix)]
+        estimate = estimate_top_gap(draft, target, k, common[:GAP_TOP_NAMES], n_samples=GAP_SAMPLES, region_margin=GAP_REGION_MARGIN)
+        gap, source = estimate.excess + GAP_MARGIN, gap_source(estimate)
+        region, calibration = estimate.region_lp, estimate.n_distinct
+    else:
+        source, region, calibration = "given with --gap", None, 0
+    out = certified_top_k(index, target, k, window, gap)
+    result = out.pop("result")
+    out.update(
+        gap_source=source,
+        gap_region_lp=region,
+        gap_calibration_sequences=calibration,
+        gap_covers_answers=None if region is None or not result.items else result.items[-1][1] >= region,
+        same_answer=_same_answer([s for s, _ in result.items], answer),
+    )
     return out
 
 
 # ---- printing ----------------------------------------------------------------------------------
 
 
-def _cost_lines(out: dict) -> list[str]:
-    lines = [
-        f"target cost: {out['target_calls']} batched call(s), {out['target_sequences']} sequences "
-        f"scored by teacher forcing (rerank windows tried: {out['windows_tried']})"
-    ]
-    if out.get("gap_calibration_sequences"):
-        lines.append(
-            f"gap calibration (one-off per model pair, not counted above): "
-            f"{out['gap_calibration_sequences']} sequences scored and {GAP_SAMPLES} sampled"
-        )
-    exact = out.get("exact_target")
-    if exact:
-        lines.append(
-            f"exact target enumeration: a SeekIndex over the target needs {exact['forwards']} "
-            f"prefix forwards in {exact['calls']} batched calls (one per depth and pass) to hold "
-            f"{exact['sequences']} >= {out['k']} sequences"
-        )
-    return lines
-
-
 def _nats(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f} nats"
+    return "n/a" if value is None else f"{value:.3f}"
 
 
-def _certificate_lines(out: dict) -> list[str]:
-    gap = out.get("assumed_gap")
-    lines = [
-        f"certified: {out['certified']} ({out['reason']})",
-        f"assumed gap: {gap:.3f} nats ({out['gap_source']})"
-        if gap is not None
-        else "assumed gap: none (no certificate requested)",
-        f"observed over all rescored sequences (diagnostics; they include sequences far below "
-        f"the answers): max |target - draft| {out['gap']:.3f} nats, max target - draft "
-        f"{_nats(out['excess'])}",
+def _proof_lines(out: dict) -> list[str]:
+    return [
+        f"proven exact (no assumption): {out['proven']} — {out['proof_reason']}",
+        f"target cost: {out['rounds']} scoring round(s), {out['target_calls']} batched call(s), "
+        f"{out['target_sequences']} sequences scored by teacher forcing (window {out['window']})",
     ]
-    if out.get("gap_covers_answers") is False:
+
+
+def _exact_lines(out: dict) -> list[str]:
+    exact = out.get("exact_best_first")
+    if not exact:
+        return []
+    same = "the same answer" if exact["same_answer"] else "A DIFFERENT answer"
+    return [
+        f"exact best-first search over the target: {exact['forwards']} prefix forwards in "
+        f"{exact['calls']} batched calls ({same})"
+    ]
+
+
+def _certificate_lines(cert: dict | None) -> list[str]:
+    if cert is None:
+        return []
+    lines = [
+        f"gap-certified query (the spec's certificate): certified {cert['certified']} — {cert['reason']}",
+        f"  assumed gap {cert['assumed_gap']:.3f} nats: {cert['gap_source']}",
+        f"  observed over the rescored sequences: max |target - draft| {cert['gap']:.3f} nats, "
+        f"max target - draft {_nats(cert['excess'])} nats",
+        f"  cost: {cert['rounds']} round(s), {cert['target_calls']} call(s), "
+        f"{cert['target_sequences']} sequences (window {cert['window']})"
+        + ("" if cert["same_answer"] else "; its answer DIFFERS from the proven one"),
+    ]
+    if cert.get("gap_calibration_sequences"):
         lines.append(
-            "WARNING: the answers fall below the region the gap was estimated on, so the "
+            f"  gap calibration (one-off per model pair, not counted above): "
+            f"{cert['gap_calibration_sequences']} sequences scored"
+        )
+    if cert.get("gap_covers_answers") is False:
+        lines.append(
+            "  WARNING: the answers fall below the region the gap was estimated on, so the "
             "certificate's assumption does not cover them"
         )
     return lines
 
 
 def format_demo(out: dict) -> str:
-    """The demo result as a text table plus certificate and cost lines."""
-    cond = f" starting with {out['prefix']!r} (log-probs given the prefix)" if out["prefix"] else ""
-    lines = [
-        f"top {out['k']} US first names{cond}: ordered by a character {DRAFT_ORDER}-gram (draft), "
-        f"scored by a character transformer (target)",
+    """The demo result as a text table plus proof, cost and certificate lines."""
+    cond = f" starting with {out['prefix']!r}" if out["prefix"] else ""
+    lines = _wrapped([
+        f"top {out['k']} US first names{cond} under a character transformer (target), found through "
+        f"a character {DRAFT_ORDER}-gram (draft)",
+    ]) + [
+        "log-probs in nats" + (", given the prefix" if out["prefix"] else ""),
         f"{'rank':>4}  {'name':<16}{'target lp':>10}{'draft lp':>10}  {'birth rank':>10}",
     ]
-    for i, (item, rank) in enumerate(zip(out["items"], out["birth_ranks"]), 1):
+    for i, item in enumerate(out["items"], 1):
+        rank = item["birth_rank"]
         lines.append(
             f"{i:>4}  {item['text']:<16}{item['target_log_prob']:>10.3f}"
-            f"{item['draft_log_prob']:>10.3f}  {rank if rank is not None else '-':>10}"
+            f"{_nats(item['draft_log_prob']):>10}  {rank if rank is not None else '-':>10}"
         )
     lines.append(
-        f"{out['true_top_k_overlap']} of these are among the {out['k']} commonest names"
-        + (f" starting with {out['prefix']!r}" if out["prefix"] else "")
-        + " by birth count (SSA, 1880-2017)"
+        f"{out['true_top_k_overlap']} of these are among the {out['k']} commonest names{cond} "
+        "by birth count (SSA, 1880-2017)"
     )
-    lines += _certificate_lines(out)
-    lines += _cost_lines(out)
-    lines.append(
+    notes = _proof_lines(out) + _exact_lines(out) + _certificate_lines(out.get("gap_certified"))
+    notes.append(
         f"draft index: {out['draft_forwards']} n-gram prefix forwards; "
-        f"wall time {out['seconds']:.1f} s"
+        f"whole run (models, searches, gap estimate): {out['seconds']:.1f} s"
     )
-    return "\n".join(lines)
+    return "\n".join(lines + _wrapped(notes))
 
+
+WIDTH = 100
+"""Columns of the printed output."""
+
+
+def _wrapped(lines: list[str]) -> list[str]:
+    """Long lines folded to :data:`WIDTH` columns, continuation lines indented."""
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+    return out
 
 
 # ---- your own models ---------------------------------------------------------------------------
@@ -504,23 +462,22 @@ def run_enumerate(
     bits: float | None = None,
     progress: bool = True,
 ) -> dict:
-    """Speculative top-``k`` with a user's own saved target and draft (``save_model`` files).
+    """The proven top-``k`` of a user's own saved target, found through their saved draft
+    (``save_model`` files), plus the gap-certified query when ``gap`` is given.
 
     Args:
       target_path, draft_path: model files; both models must share ``vocab_size`` and ``eos``.
       k, window: as in :func:`run_demo`.
-      gap: assumed max ``|target - draft|``; None = no certificate (a sampled gap estimate is
-        still reported, as a hint for choosing one).
+      gap: assumed max ``target - draft``; None = no gap-certified query (the proof needs none).
       prompt: token ids to condition both models on.
       bits: optional depth budget of the draft index to build up front.
 
     Returns:
       A JSON-ready dict: ``items`` (``tokens``, ``text``, ``target_log_prob``,
-      ``draft_log_prob``), the certificate and cost keys of :func:`run_demo`, ``gap_estimate``.
+      ``draft_log_prob``), the proof keys of :func:`run_demo`, ``gap_certified`` (or None),
+      ``draft_forwards``, ``seconds`` and the arguments.
     """
     import time
-
-    from jaxrescore.models.gap import estimate_gap
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     start = time.perf_counter()
@@ -540,18 +497,24 @@ def run_enumerate(
     index = _draft_index(draft, progress)
     if bits is not None:
         index.ensure_bits(bits)
-    result, windows, calls, sequences = speculative_top_k(index, target, k, window, gap)
-    hint = estimate_gap(draft, target, n=GAP_SAMPLES) if draft.max_len >= target.max_len else None
+    proof = proven_top_k(index, target, k, window)
+    result = proof.pop("result")
+    certified = None
+    if gap is not None:
+        certified = certified_top_k(index, target, k, window, gap)
+        other = certified.pop("result")
+        certified.update(
+            gap_source="given with --gap",
+            same_answer=_same_answer([s for s, _ in other.items], [s for s, _ in result.items]),
+        )
     return {
         "items": [
             {"tokens": list(seq), "text": " ".join(map(str, seq)), "target_log_prob": lp,
-             "draft_log_prob": dlp}
+             "draft_log_prob": _finite_or_none(dlp)}
             for (seq, lp), dlp in zip(result.items, result.draft_log_probs)
         ],
-        **_outcome(result, windows, calls, sequences),
-        "assumed_gap": gap,
-        "gap_source": "given with --gap" if gap is not None else None,
-        "gap_estimate": None if hint is None else hint._asdict(),
+        **proof,
+        "gap_certified": certified,
         "draft_forwards": int(index.forwards),
         "k": k,
         "prompt": list(prompt),
@@ -560,22 +523,13 @@ def run_enumerate(
 
 
 def format_enumerate(out: dict) -> str:
-    """The enumerate result as a text table plus certificate and cost lines."""
-    lines = [f"{'rank':>4}  {'tokens':<40}{'target lp':>10}{'draft lp':>10}"]
+    """The enumerate result as a text table plus proof, cost and certificate lines."""
+    lines = ["log-probs in nats", f"{'rank':>4}  {'tokens':<40}{'target lp':>10}{'draft lp':>10}"]
     for i, item in enumerate(out["items"], 1):
         lines.append(
             f"{i:>4}  {item['text']:<40}{item['target_log_prob']:>10.3f}"
-            f"{item['draft_log_prob']:>10.3f}"
+            f"{_nats(item['draft_log_prob']):>10}"
         )
-    lines += _certificate_lines(out)
-    if out["gap_estimate"] is not None:
-        est = out["gap_estimate"]
-        lines.append(
-            f"gap estimate (hint, not a proof): max {est['max_gap']:.3f}, "
-            f"mean {est['mean_gap']:.3f} nats over {est['n_sequences']} target samples"
-        )
-    lines += _cost_lines(out)
-    lines.append(
-        f"draft index: {out['draft_forwards']} prefix forwards; wall time {out['seconds']:.1f} s"
-    )
-    return "\n".join(lines)
+    notes = _proof_lines(out) + _certificate_lines(out.get("gap_certified"))
+    notes.append(f"draft index: {out['draft_forwards']} prefix forwards; whole run: {out['seconds']:.1f} s")
+    return "\n".join(lines + _wrapped(notes))

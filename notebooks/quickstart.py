@@ -15,15 +15,16 @@
 # %pip install jaxrescore
 
 # %% [markdown]
-# # jaxrescore quickstart: the likeliest US first names, certified
-#
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/jaxrescore/jaxrescore/blob/main/notebooks/quickstart.ipynb)
+# # jaxrescore quickstart: the likeliest US first names, proven
 #
 # **Speculative enumeration**: a cheap *draft* model (here a character 6-gram fitted in a second)
 # builds the enumeration index; the expensive *target* (a small character transformer shipped with
 # the package) scores only the candidates a query returns, in one batched teacher-forcing forward.
-# A certificate says when the answer is provably the target's true top-k, under an assumed bound on
-# the draft/target gap.
+#
+# That forward computes the target's full next-token distribution at every position of every
+# scored sequence, and those distributions bound every sequence that was NOT scored. So the answer
+# can be **proven** the target's exact top-k with no assumption at all: `top_k(k, prove=True)`.
+# The spec's older certificate (`certified`) needs an assumed draft/target gap; we show it too.
 
 # %%
 import time
@@ -33,7 +34,9 @@ import numpy as np
 
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data import decode, encode, load_names, name_ranks
-from jaxrescore.demo import assumed_gap_from, estimate_region_gap, fit_draft, load_target
+from jaxrescore.demo import fit_draft, load_target
+from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.models import estimate_top_gap
 
 # %% [markdown]
 # ## 1. Data and models
@@ -52,86 +55,122 @@ target = load_target()  # the shipped TransformerLM
 print(f"draft {draft!r}\ntarget {target!r} ({target.n_params} parameters); {time.perf_counter() - t0:.1f} s")
 
 # %% [markdown]
-# ## 2. The assumed gap
-# Certification needs an assumed bound on |target - draft|. Only sequences the target rates at
-# least as high as the answers matter, so we *measure* the gap there (the commonest names plus
-# samples from the target) and add a margin. It is an estimate, not a proof: say so when you use it.
+# ## 2. The proven top-25
+# Build the draft's SeekIndex, wrap it with the target and ask for the top 25 with `prove=True`.
+# The search scores the draft's head, finds the *exits* of the scored prefix tree whose bound
+# (`target(prefix) + log p(token | prefix)`) could still beat the answer, lets the draft complete
+# them, and scores only the new sequences, one batched call per round, until the bound is cleared.
 
 # %%
 K = 25
-common = [encode(n) for n, _ in names[:4096]]
-estimate = estimate_region_gap(draft, target, common, K)
-gap, gap_source = assumed_gap_from(estimate)
-print(f"assumed gap {gap:.3f} nats: {gap_source}")
-
-# %% [markdown]
-# ## 3. The demo, step by step
-# Build the draft's SeekIndex (exact quantized order, sound bucket bounds), wrap it with the target,
-# and ask for the top 25.
-
-# %%
 index = SeekIndex(draft, progress=False)
-rescored = RescoredIndex(index, target, rerank_window=1024, assumed_gap=gap)
-result = rescored.top_k(K)
+rescored = RescoredIndex(index, target, rerank_window=32)
+result = rescored.top_k(K, prove=True)
 print(f"{'rank':>4}  {'name':<14}{'target lp':>10}{'draft lp':>10}{'birth rank':>11}")
 for i, ((seq, lp), dlp) in enumerate(zip(result.items, result.draft_log_probs), 1):
     name = decode(seq)
     print(f"{i:>4}  {name:<14}{lp:>10.3f}{dlp:>10.3f}{ranks.get(name, '-'):>11}")
-print("certified:", result.certified, "-", result.reason)
-print(f"target: {rescored.target_calls} call, {rescored.target_sequences} sequences scored;"
-      f" draft index: {index.forwards} n-gram prefix forwards")
+print("proven:", result.proven, "-", result.proof_reason)
+print(f"target: {result.rounds} rounds, {rescored.target_calls} batched calls, "
+      f"{rescored.target_sequences} sequences scored; draft index: {index.forwards} n-gram prefix forwards")
 
 # %% [markdown]
-# ## 4. Draft vs target
-# Each point is one of the 2,000 commonest names. Near the head the two models agree closely: that
-# is what lets a 6-gram order the search for a transformer.
+# What would the exact answer cost without a draft? A batched best-first search over the target
+# expands prefixes best first, one target call per batch of prefixes.
+
+# %%
+exact = best_first_top_k(target, K)
+print(f"best-first: {exact.forwards} prefix forwards in {exact.calls} sequential target calls;",
+      "same answer:", [s for s, _ in exact.items] == [s for s, _ in result.items])
+
+# %% [markdown]
+# ## 3. Draft vs target
+# Each point is one of the 2,000 commonest names. The proven answers are red; every sequence the
+# search did not score lies below the frontier bound (dashed). Near the head the two models agree
+# closely: that is what lets a 6-gram speculate paths for a transformer.
 
 # %%
 head = [encode(n) for n, _ in names[:2000]]
 t_lp = target.score_sequences(head)
 d_lp = draft.score_sequences(head)
-fig, ax = plt.subplots(figsize=(5, 5))
-ax.scatter(d_lp, t_lp, s=4, alpha=0.5)
-lims = [min(d_lp.min(), t_lp.min()), 0]
-ax.plot(lims, lims, "k--", lw=1, label="target = draft")
-ax.set_xlabel("draft log-prob (6-gram)")
-ax.set_ylabel("target log-prob (transformer)")
-ax.set_title("2,000 commonest names")
-ax.legend()
+answers = {seq for seq, _ in result.items}
+is_answer = np.array([seq in answers for seq in head])
+fig, ax = plt.subplots(figsize=(5.5, 5))
+ax.scatter(d_lp[~is_answer], t_lp[~is_answer], s=4, alpha=0.4, label="2,000 commonest names")
+ax.scatter(d_lp[is_answer], t_lp[is_answer], s=14, color="red", label="proven top-25")
+lims = np.array([min(d_lp.min(), t_lp.min()), 0.0])
+ax.plot(lims, lims, "k:", lw=1, label="target = draft")
+ax.axhline(result.frontier_bound, color="gray", ls="--", lw=1, label="frontier bound")
+ax.set_xlabel("draft log-prob (6-gram, nats)")
+ax.set_ylabel("target log-prob (transformer, nats)")
+ax.legend(loc="lower right", fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ## 5. Recall and certification against the window
-# The reference answer is the certified top-25 above. Small windows already find most of it; the
-# certificate only appears once the window pushes the draft's bound far enough below the answers.
+# ## 4. Recall and cost against the first window
+# `rerank_window` is how many draft candidates beyond k the first round scores. A plain query
+# (one call, no search) finds most of the answer and proves it once the window is wide enough;
+# `prove=True` always proves it, and the window only moves its cost.
 
 # %%
+windows = [0, 4, 16, 64, 256]
 reference = {seq for seq, _ in result.items}
-windows = [0, 4, 16, 64, 256, 1024]
-results = [RescoredIndex(index, target, rerank_window=w, assumed_gap=gap).top_k(K) for w in windows]
-recall = [len(reference & {seq for seq, _ in r.items}) / K for r in results]
-certified = np.array([bool(r.certified) for r in results])
-fig, ax = plt.subplots(figsize=(6, 3.5))
+plain, cost, rounds = [], [], []
+for w in windows:
+    r = RescoredIndex(index, target, rerank_window=w).top_k(K)
+    plain.append((len(reference & {s for s, _ in r.items}) / K, bool(r.proven)))
+    searching = RescoredIndex(index, target, rerank_window=w)
+    assert searching.top_k(K, prove=True).proven
+    cost.append(searching.target_sequences)
+    rounds.append(searching.target_calls)
+fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
 pos = np.arange(len(windows))
-ax.plot(pos, recall, "o-", label="recall of the certified top-25")
-ax.scatter(pos[certified], [1.04] * sum(certified), marker="*", s=120, color="green", label="certified")
-ax.set_xticks(pos, [str(w) for w in windows])
-ax.set_xlabel("rerank window")
-ax.set_ylim(0, 1.12)
-ax.legend(loc="lower right")
+left.plot(pos, [r for r, _ in plain], "o-", label="plain query: recall of the proven top-25")
+proven_at = [i for i, (_, p) in enumerate(plain) if p]
+left.scatter(proven_at, [1.04] * len(proven_at), marker="*", s=120, color="green", label="plain query proven")
+left.set_xticks(pos, [str(w) for w in windows])
+left.set_xlabel("rerank window")
+left.set_ylabel("recall")
+left.set_ylim(0, 1.12)
+left.legend(loc="lower right", fontsize=8)
+right.bar(pos, cost, color="tab:orange", label="target sequences (prove=True)")
+for i, c in enumerate(rounds):
+    right.annotate(f"{c} call(s)", (pos[i], cost[i]), ha="center", va="bottom", fontsize=8)
+right.set_xticks(pos, [str(w) for w in windows])
+right.set_xlabel("rerank window")
+right.set_ylabel("sequences scored")
+right.legend(loc="upper left", fontsize=8)
 plt.show()
-print({w: bool(c) for w, c in zip(windows, certified)})
+
+# %% [markdown]
+# ## 5. The gap-certified query (the spec's certificate)
+# `certified` needs an assumed bound on `target - draft`. Only sequences the target rates at least
+# as high as the answers matter, so `estimate_top_gap` *measures* it there (the commonest names
+# plus samples from the target); we add a margin. It is an estimate, not a proof, and the library
+# refuses to certify when its own observations contradict it.
+
+# %%
+common = [encode(n) for n, _ in names[:4096]]
+estimate = estimate_top_gap(draft, target, K, common)
+gap = estimate.excess + 1.0
+print(f"observed max target - draft {estimate.excess:.3f} nats over {estimate.n_region} sequences "
+      f"(of {estimate.n_distinct} scored); assumed gap {gap:.3f} nats")
+certifier = RescoredIndex(index, target, rerank_window=64, assumed_gap=gap)
+cert = certifier.top_k(K, until_certified=True)
+print("certified:", cert.certified, "-", cert.reason)
+print(f"cost: {cert.rounds} rounds, {certifier.target_sequences} sequences; same answer as the proof:",
+      [s for s, _ in cert.items] == [s for s, _ in result.items])
 
 # %% [markdown]
 # ## 6. A vmapped sweep
 # `sweep` answers many queries (different windows, gaps, slices) with ONE pull from the draft
-# index, ONE target call and ONE vmapped rescoring call.
+# index, ONE target call and ONE vmapped rescoring call; each result carries both verdicts.
 
 # %%
 gaps = [0.5 * gap, gap, 2 * gap]
 grid = [(w, g) for g in gaps for w in windows]
-swept = rescored.sweep([0] * len(grid), [K] * len(grid),
-                       rerank_windows=[w for w, _ in grid], assumed_gaps=[g for _, g in grid])
+swept = certifier.sweep([0] * len(grid), [K] * len(grid),
+                        rerank_windows=[w for w, _ in grid], assumed_gaps=[g for _, g in grid])
 table = np.array([bool(r.certified) for r in swept]).reshape(len(gaps), len(windows))
 fig, ax = plt.subplots(figsize=(6, 2.5))
 ax.imshow(table, cmap="Greens", vmin=0, vmax=1, aspect="auto")
@@ -143,5 +182,5 @@ ax.set_title("certified (green) for each (window, gap)")
 plt.show()
 loop = RescoredIndex(index, target, rerank_window=256, assumed_gap=gap).top_k(K)
 same = swept[grid.index((256, gap))]
-assert [s for s, _ in same.items] == [s for s, _ in loop.items] and same.certified == loop.certified
-print("the sweep's (256, gap) query equals a fresh top_k:", same.certified)
+equal = [s for s, _ in same.items] == [s for s, _ in loop.items] and same.certified == loop.certified
+print("the sweep's (window 256, gap) query equals a fresh top_k:", equal)

@@ -66,3 +66,29 @@ def check_protocol(model, seqs, *, atol=2e-4) -> None:
         model.next_logprobs(np.array([list(long[0][:2])], np.int32), np.array([2], np.int32)),
         atol=1e-5,
     )
+
+    check_frontier(model, seqs, atol=atol)
+    check_frontier(pm, cont, atol=atol)
+    check_frontier(model, seqs, atol=atol, skip=skip)
+
+
+def check_frontier(model, seqs, *, atol=2e-4, skip=None, top_m=3) -> None:
+    """``score_frontier`` equals ``score_sequences`` and, at every scored position, the top-m, the
+    step and the eos entry of the model's own ``next_logprobs`` row (all clipped to <= 0)."""
+    seqs = [tuple(int(t) for t in s) for s in seqs]
+    fs = model.score_frontier(seqs, top_m=top_m, skip=skip)
+    np.testing.assert_allclose(fs.scores, model.score_sequences(seqs, skip=skip), atol=atol)
+    m = min(top_m, model.vocab_size)
+    assert fs.top_lps.shape[2] >= m and fs.top_ids.dtype == np.int32
+    assert (fs.top_lps <= 0).all() and (fs.steps <= 0).all()
+    skip = np.zeros(len(seqs), int) if skip is None else np.asarray(skip)
+    for i, s in enumerate(seqs):
+        for j in range(len(s) - skip[i]):
+            pre = s[: skip[i] + j]
+            row = model.next_logprobs(np.array([list(pre) or [0]], np.int32), np.array([len(pre)], np.int32))[0]
+            want = np.sort(row)[::-1][:m]
+            np.testing.assert_allclose(fs.top_lps[i, j, :m], want, atol=atol)
+            np.testing.assert_allclose(row[fs.top_ids[i, j, :m]], want, atol=atol)
+            np.testing.assert_allclose(fs.steps[i, j], row[s[skip[i] + j]], atol=atol)
+            if model.eos is not None:
+                np.testing.assert_allclose(fs.eos_lps[i, j], row[model.eos], atol=atol)

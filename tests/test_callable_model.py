@@ -7,6 +7,7 @@ import pytest
 
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
+from model_checks import check_frontier
 from seek_oracle import make_model
 
 LP = np.log(np.array([0.5, 0.25, 0.25], np.float32))
@@ -171,3 +172,31 @@ def test_prompted_callable_scores_conditional_continuations():
     want = [model.log_density((1, 0)) - first, model.log_density((1, 2, 0)) - first]
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert model.score_sequences([(1, 2, 0)], skip=[3])[0] == 0.0
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_both_forms_pass_the_frontier_checks(batched):
+    from brute import TableModel, as_model
+
+    table = TableModel(4, 4, 3, eos=0, temperature=2.0)
+    model = as_model(table, batched=batched)
+    seqs = [s for s in table.support() if len(s) >= 2][:12]
+    check_frontier(model, seqs, atol=1e-6)
+    check_frontier(model, seqs, atol=1e-6, skip=[1] * len(seqs))
+    check_frontier(model.with_prompt(seqs[0][:1]), [s[1:] for s in seqs if s[0] == seqs[0][0]], atol=1e-6)
+
+
+def test_positive_noise_is_clipped_on_every_path():
+    """A per-prefix table with steps up to SIGN_TOL above 0: rows, scores and the index agree."""
+
+    def fn(prefix):
+        if prefix == ():
+            return np.array([1, 2]), np.array([-np.log(2), -np.log(2) + 5e-6])
+        return np.array([0]), np.array([1e-5])
+
+    m = CallableModel(fn, vocab_size=3, max_len=2)
+    rows = m.next_logprobs(np.array([[1]], np.int32), np.array([1], np.int32))
+    assert rows.max() <= 0.0
+    assert m.score_sequences([(1, 0), (2, 0)]).max() <= 0.0
+    fs = m.score_frontier([(1, 0)], top_m=2)
+    assert fs.steps.max() <= 0.0 and fs.top_lps.max() <= 0.0

@@ -26,20 +26,31 @@ def demo_json():
     return run_demo(progress=False)
 
 
-def test_demo_default_is_certified_and_finds_real_names(demo_json):
+def test_demo_default_is_proven_and_equals_exact_search(demo_json):
     out = demo_json
     assert len(out["items"]) == 25
-    assert out["certified"] is True, out["reason"]
+    assert out["proven"] is True, out["proof_reason"]
     lps = [item["target_log_prob"] for item in out["items"]]
     assert lps == sorted(lps, reverse=True)
-    worst = lps[-1]
-    assert worst >= out["bound"] + out["assumed_gap"]
-    # The gap estimate must cover the answers it certifies.
-    assert worst >= out["gap_region_lp"] and out["gap_covers_answers"] is True
-    assert out["gap_calibration_sequences"] > 0
+    assert lps[-1] >= out["frontier_bound"]
+    # The bar: proven in at most 8 target calls and fewer sequences than an exact
+    # best-first search over the target needs prefix forwards, with the same answer.
+    exact = out["exact_best_first"]
+    assert exact["same_answer"] is True
+    assert out["target_calls"] <= 8 and out["target_sequences"] < exact["forwards"]
     assert out["true_top_k_overlap"] >= 15
-    assert out["target_calls"] >= 1 and out["target_sequences"] >= 25
-    assert out["exact_target"]["forwards"] > 0
+    assert [set(i) for i in out["items"]] == [{"text", "target_log_prob", "draft_log_prob", "birth_rank"}] * 25
+
+
+def test_demo_gap_certified_run(demo_json):
+    cert = demo_json["gap_certified"]
+    assert cert["certified"] is True, cert["reason"]
+    assert cert["same_answer"] is True
+    worst = demo_json["items"][-1]["target_log_prob"]
+    assert worst >= cert["bound"] + cert["assumed_gap"]
+    # The gap estimate must cover the answers it certifies.
+    assert worst >= cert["gap_region_lp"] and cert["gap_covers_answers"] is True
+    assert cert["gap_calibration_sequences"] > 0 and cert["target_calls"] >= 1
 
 
 def test_demo_json_via_console_module(tmp_path):
@@ -50,24 +61,34 @@ def test_demo_json_via_console_module(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    for key in ("items", "certified", "bound", "gap", "reason", "target_calls", "target_sequences"):
+    for key in ("items", "proven", "frontier_bound", "proof_reason", "rounds", "target_calls",
+                "target_sequences", "exact_best_first", "gap_certified"):
         assert key in out
-    assert [set(i) for i in out["items"]] == [{"text", "target_log_prob", "draft_log_prob"}] * 5
-    assert out["window"] == 256 and out["target_calls"] == 1
+    assert out["window"] == 256 and out["target_calls"] == 1 and out["proven"] is True
+    assert out["gap_certified"]["window"] == 256
     assert os.listdir(tmp_path / "jaxrescore" / "jax"), "the compilation cache was not enabled"
 
 
 def test_demo_table(capsys):
     assert main(["demo", "--k", "3", "--window", "64", "--gap", "0.5"]) == 0
     text = capsys.readouterr().out
-    assert "birth rank" in text and "certified:" in text and "given with --gap" in text
-    assert "exact target enumeration" in text
+    assert "birth rank" in text and "proven exact" in text and "given with --gap" in text
+    assert "exact best-first search" in text and "certified" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_demo_refuses_to_certify_a_refuted_gap(capsys):
+    out = run_json(capsys, "demo", "--json", "--k", "25", "--window", "64", "--gap", "0")
+    cert = out["gap_certified"]
+    assert cert["excess"] > 0 and cert["certified"] is False and "refuted" in cert["reason"]
+    assert out["proven"] is True
 
 
 def test_demo_prefix(capsys):
     out = run_json(capsys, "demo", "--json", "--k", "5", "--prefix", "ma")
     texts = [i["text"] for i in out["items"]]
     assert len(texts) == 5 and all(t.startswith("ma") for t in texts)
+    assert out["proven"] is True and out["exact_best_first"]["same_answer"] is True
     commonest = [n for n, _ in load_names() if n.startswith("ma")][:5]
     assert set(texts) & set(commonest)
     # Log-probs are conditional on the prefix, so higher than the unconditional ones.
@@ -135,16 +156,19 @@ def test_enumerate_own_models_matches_brute_force(capsys, tiny_models):
     scores = load_model(target_path).score_sequences(support)
     best = [support[i] for i in np.argsort(-scores, kind="stable")[:4]]
     assert [tuple(i["tokens"]) for i in out["items"]] == best
-    # All 40 support sequences fit in the pull; prefixes the draft cut at max_len are outside the
-    # target's support too (same max_len), so the pull is exhaustive whatever the gap.
-    assert out["certified"] is True and out["bound"] is None and "exhausted" in out["reason"]
+    # All 40 support sequences fit in the pull: the frontier is empty and the proof exact.
+    assert out["proven"] is True and out["frontier_bound"] is None
+    # Prefixes the draft cut at max_len are outside the target's support too (same max_len), so
+    # the pull is exhaustive whatever the gap.
+    cert = out["gap_certified"]
+    assert cert["certified"] is True and cert["bound"] is None and "exhausted" in cert["reason"]
 
 
 def test_enumerate_prompt_and_table(capsys, tiny_models):
     target_path, draft_path = tiny_models
     assert main(["enumerate", "--target", target_path, "--draft", draft_path, "--k", "2", "--prompt", "1"]) == 0
     text = capsys.readouterr().out
-    assert "certified: None" in text and "gap estimate" in text
+    assert "proven exact (no assumption): True" in text and "gap-certified" not in text
 
 
 def test_train_writes_a_loadable_target(tmp_path, capsys):
@@ -154,25 +178,3 @@ def test_train_writes_a_loadable_target(tmp_path, capsys):
     out = tmp_path / "t.npz"
     assert main(["train", "--steps", "3", "--out", str(out)]) == 0
     assert load_model(out).config == target_config()
-
-
-def test_pull_needed_reaches_the_requested_bound():
-    from jaxrescore.demo import fit_draft, pull_needed
-    from jaxrescore.index.seek import SeekIndex
-
-    index = SeekIndex(fit_draft(), progress=False)
-    n = pull_needed(index, -8.0, 30, 20_000)
-    assert n is not None and index.bucket_bound(n) <= -8.0 < index.bucket_bound(30)
-    assert pull_needed(index, -8.0, 30, 31) is None
-
-
-def test_region_gap_covers_the_top_k():
-    from jaxrescore.demo import estimate_region_gap, fit_draft, load_target
-    from jaxrescore.data import encode
-
-    draft, target = fit_draft(), load_target()
-    common = [encode(n) for n, _ in load_names()[:200]]
-    est = estimate_region_gap(draft, target, common, 10, n_samples=64)
-    t = np.sort(target.score_sequences(common))[::-1]
-    assert est["region_lp"] <= t[9] - 1.0 + 1e-9
-    assert est["sequences"] >= 10 and est["measured"] >= 0

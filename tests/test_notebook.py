@@ -43,4 +43,4 @@ def test_notebook_executes_and_plots_render(tmp_path, monkeypatch):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 3
     text = "".join(o.get("text", "") for o in outputs)
-    assert "certified: True" in text
+    assert "proven: True" in text and "certified: True" in text

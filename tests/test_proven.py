@@ -211,3 +211,28 @@ def test_proof_holds_over_a_reference_style_foreign_index():
     ri = RescoredIndex(idx, as_model(target), rerank_window=0, assumed_gap=0.5)
     r = ri.top_k(3, prove=True)
     assert r.proven is True and is_exact_slice(r, target, 0, 3)
+
+
+def test_transformer_target_with_int8_and_ngram_drafts():
+    """A real JAX target (on-device top-m reduction) proven against brute force over its whole
+    support, through an int8-twin draft and an n-gram draft fitted on its samples."""
+    import itertools
+
+    from jaxrescore import NGramLM, TransformerConfig, TransformerLM, quantize_int8
+    from jaxrescore.models.sampling import sample_sequences
+
+    cfg = TransformerConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, max_len=4, eos=0)
+    target = TransformerLM(cfg, seed=3)
+    # Sharpen the untrained model so answers are separated by more than its tolerance.
+    target.params = __import__("jax").tree.map(lambda x: x * 3.0, target.params)
+    support = [b + (0,) for n in range(4) for b in itertools.product(range(1, 4), repeat=n)]
+    truth = np.sort(target.score_sequences(support))[::-1]
+    ngram = NGramLM.fit(sample_sequences(target, 200, seed=0), order=2, vocab_size=4, eos=0, max_len=4)
+    for draft in (quantize_int8(target), ngram):
+        for k in (1, 6):
+            ri = RescoredIndex(SeekIndex(draft), target, rerank_window=1)
+            r = ri.top_k(k, prove=True)
+            assert r.proven is True, r.proof_reason
+            assert all(s in support for s, _ in r.items)
+            np.testing.assert_allclose([lp for _, lp in r.items], truth[:k], atol=1e-4)
+            assert ri.target_calls == r.rounds

@@ -4,7 +4,7 @@ from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.checkpoint import load_model, save_model
-from jaxrescore.models.gap import GapEstimate, estimate_gap
+from jaxrescore.models.gap import GapEstimate, TopGapEstimate, estimate_gap, estimate_top_gap
 from jaxrescore.models.int8 import Int8TransformerLM, max_step_deviation, quantize_int8
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.ngram import NGramLM
@@ -24,8 +24,10 @@ __all__ = [
     "PromptedModel",
     "TransformerConfig",
     "TransformerLM",
+    "TopGapEstimate",
     "distill",
     "estimate_gap",
+    "estimate_top_gap",
     "from_apply_fn",
     "load_model",
     "max_step_deviation",

@@ -1,0 +1,89 @@
+"""The library's other searches against brute force: the gap-certified ``until_certified`` growth,
+exact best-first search over one model, and the top-of-distribution gap estimate."""
+
+import numpy as np
+import pytest
+
+from brute import BruteIndex, TableModel, as_model, true_excess
+from jaxrescore import RescoredIndex, SeekIndex
+from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.models import estimate_top_gap
+
+
+def pair(seed, vocab=3, max_len=5, eos=2, noise=0.3):
+    target = TableModel(vocab, max_len, seed, eos=eos, temperature=2.0)
+    draft = TableModel(vocab, max_len, seed + 50, eos=eos, base=target, noise=noise)
+    return draft, target
+
+
+@pytest.mark.parametrize("seed, eos", [(0, 2), (1, None), (2, 0), (3, 2)])
+def test_until_certified_grows_until_a_true_gap_certifies(seed, eos):
+    draft, target = pair(seed, max_len=5 if eos is not None else 4, eos=eos)
+    gap = true_excess(draft, target, target.support()) + 1e-3
+    t_model = as_model(target)
+    ri = RescoredIndex(SeekIndex(as_model(draft)), t_model, rerank_window=0, assumed_gap=gap)
+    plain = ri.top_k(4)
+    grown = RescoredIndex(SeekIndex(as_model(draft)), t_model, rerank_window=0, assumed_gap=gap)
+    scored = []
+    real = t_model.score_frontier
+    t_model.score_frontier = lambda seqs, **kw: scored.extend(map(tuple, seqs)) or real(seqs, **kw)
+    r = grown.top_k(4, until_certified=True)
+    assert r.certified is True, r.reason
+    want = sorted(t_model.score_sequences(target.support()), reverse=True)[:4]
+    np.testing.assert_allclose([lp for _, lp in r.items], want, atol=1e-9)
+    if plain.certified is False:
+        assert r.rounds >= 2
+    # every round scored only new sequences, one call each
+    assert len(scored) == len(set(scored)) == grown.target_sequences
+    assert grown.target_calls == r.rounds
+
+
+def test_until_certified_stops_on_a_refuted_gap_and_needs_a_gap():
+    draft, target = pair(5, noise=1.5)
+    ri = RescoredIndex(SeekIndex(as_model(draft)), as_model(target), rerank_window=2, assumed_gap=0.0)
+    r = ri.top_k(3, until_certified=True)
+    assert r.certified is False and "refuted" in r.reason and r.rounds == 1
+    with pytest.raises(ValueError, match="assumed_gap"):
+        RescoredIndex(SeekIndex(as_model(draft)), as_model(target)).top_k(3, until_certified=True)
+
+
+def test_until_certified_without_bucket_bound_stays_one_round():
+    draft, target = pair(6)
+    idx = BruteIndex(draft, with_bound=False)
+    ri = RescoredIndex(idx, as_model(target), rerank_window=0, assumed_gap=5.0)
+    r = ri.top_k(2, until_certified=True)
+    assert r.rounds == 1 and ri.target_calls == 1
+
+
+@pytest.mark.parametrize("seed, vocab, max_len, eos", [(0, 3, 4, None), (1, 4, 3, None), (2, 3, 5, 2), (3, 4, 4, 0)])
+@pytest.mark.parametrize("batch", [1, 3, 50])
+def test_best_first_is_exact(seed, vocab, max_len, eos, batch):
+    table = TableModel(vocab, max_len, seed, eos=eos, temperature=2.0)
+    model = as_model(table)
+    support = table.support()
+    truth = sorted(model.score_sequences(support), reverse=True)
+    for k in (1, 5, len(support)):
+        found = best_first_top_k(model, k, batch=batch)
+        assert len(found.items) == k and len({s for s, _ in found.items}) == k
+        np.testing.assert_allclose([lp for _, lp in found.items], truth[:k], atol=1e-9)
+        assert all(s in set(support) for s, _ in found.items)
+        assert found.forwards >= found.calls >= 1
+    with pytest.raises(ValueError, match="batch"):
+        best_first_top_k(model, 2, batch=0)
+
+
+def test_estimate_top_gap_measures_the_region_of_the_answers():
+    draft, target = pair(7, noise=0.8)
+    d_model, t_model = as_model(draft), as_model(target)
+    support = target.support()
+    est = estimate_top_gap(d_model, t_model, 3, support, n_samples=16)
+    t = np.asarray(t_model.score_sequences(support))
+    d = np.asarray(d_model.score_sequences(support))
+    region = np.sort(t)[::-1][2] - 1.0
+    assert est.region_lp == pytest.approx(region)
+    keep = t >= region
+    assert est.n_region == keep.sum() and est.n_distinct == len(support)
+    assert est.excess == pytest.approx(max((t - d)[keep].max(), 0.0))
+    assert est.two_sided == pytest.approx(np.abs(t - d)[keep].max())
+    with pytest.raises(ValueError, match="k must"):
+        estimate_top_gap(d_model, t_model, 0)
