@@ -236,3 +236,28 @@ def test_transformer_target_with_int8_and_ngram_drafts():
             assert all(s in support for s, _ in r.items)
             np.testing.assert_allclose([lp for _, lp in r.items], truth[:k], atol=1e-4)
             assert ri.target_calls == r.rounds
+
+
+def test_rescore_many_searches_every_prompt_with_one_call_per_round():
+    target = TableModel(3, 5, 41, eos=2, temperature=2.0)
+    draft = draft_for(target, "useless", 42)
+    t_model, d_model = as_model(target), as_model(draft)
+    prompts = [(0,), (1, 0), (), (1,)]
+    calls = []
+    real = type(t_model).score_frontier
+
+    def spy(self, seqs, **kw):
+        calls.append(len(seqs))
+        return real(self, seqs, **kw)
+
+    joint = [RescoredIndex(SeekIndex(d_model.with_prompt(p)), t_model.with_prompt(p), rerank_window=0) for p in prompts]
+    type(t_model).score_frontier = spy
+    try:
+        results = rescore_many(joint, 3, prove=True)
+    finally:
+        type(t_model).score_frontier = real
+    assert len(calls) == max(r.rounds for r in results)
+    for p, r in zip(prompts, results):
+        alone = RescoredIndex(SeekIndex(d_model.with_prompt(p)), t_model.with_prompt(p), rerank_window=0).top_k(3, prove=True)
+        assert r.proven is True and alone.proven is True
+        np.testing.assert_allclose([lp for _, lp in r.items], [lp for _, lp in alone.items], atol=1e-9)

@@ -7,8 +7,17 @@ from typing import Sequence
 import numpy as np
 
 from jaxrescore.models.frontier import FrontierScores
-from jaxrescore.rescore.index import RescoredIndex, RescoreResult, _Query, as_scorer
+from jaxrescore.rescore.index import (
+    DEFAULT_MAX_ROUNDS,
+    DEFAULT_MAX_SEQUENCES,
+    RescoredIndex,
+    RescoreResult,
+    _Query,
+    as_scorer,
+    require_int,
+)
 from jaxrescore.rescore.scored import ScoredSet, checked_scores, forward_rows
+from jaxrescore.rescore.search import SearchBudget, next_round
 from jaxrescore.sequences import from_tuples
 
 
@@ -58,29 +67,75 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
     return out
 
 
-def rescore_many(indexes: Sequence[RescoredIndex], k: int) -> list[RescoreResult]:
-    """``[ri.top_k(k) for ri in indexes]`` with ONE batched target call for all of them.
+def rescore_many(
+    indexes: Sequence[RescoredIndex],
+    k: int,
+    *,
+    prove: bool = False,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+) -> list[RescoreResult]:
+    """``[ri.top_k(k, prove=prove) for ri in indexes]`` with ONE batched target call per round for
+    all of them.
 
     Each index pulls its own ``k + rerank_window`` head and keeps its own window, gap and carry; the
     candidates of all indexes are scored together, and with targets that give next-token
-    distributions every result carries its own ``proven`` verdict from that same call. Every
-    index's ``target_calls`` counts the call.
+    distributions every result carries its own ``proven`` verdict from that same call. With
+    ``prove`` the speculative exact search runs for every index at once: each round, every index
+    not yet proven adds its own completions and ONE call scores them all. Every index's
+    ``target_calls`` counts the calls it took part in.
 
     Args:
       indexes: RescoredIndex objects sharing a target, or whose targets are prompts of one base.
       k: the number of items per index, an integer >= 1.
+      prove, max_rounds, max_sequences: as in :meth:`RescoredIndex.top_k` (budgets per index).
     """
     indexes = list(indexes)
     if not indexes or not all(isinstance(ri, RescoredIndex) for ri in indexes):
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
+    if not isinstance(prove, (bool, np.bool_)):
+        raise ValueError(f"prove must be True or False, got {prove!r}")
+    budget = SearchBudget(
+        require_int(max_rounds, "max_rounds", minimum=1), require_int(max_sequences, "max_sequences", minimum=1)
+    )
     queries = [[_Query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
     prepared = [ri._prepare(q) for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [pull.seqs for pull, _ in prepared]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None)] * len(parts)
-    out = []
-    for ri, q, (pull, bounds), s, scored in zip(indexes, queries, prepared, sets, results):
+    for s, (pull, _), scored in zip(sets, prepared, results):
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = 1 if any(parts) else 0
-        out.append(ri._finish(q, s, bounds)[0])
+    rounds = [1] * len(indexes)
+    proofs = _search_jointly(indexes, sets, k, budget, rounds) if prove else [None] * len(indexes)
+    out = []
+    for ri, q, (pull, bounds), s, proof, r in zip(indexes, queries, prepared, sets, proofs, rounds):
+        head = bounds.get(min(q[0].extent, len(pull.seqs)))
+        n = len(s)
+        rows = None if proof is None else [n]
+        out.append(ri._finish(q, s, {n: head} if proof is not None else bounds, rows=rows,
+                              proofs=None if proof is None else [proof], rounds=r)[0])
     return out
+
+
+def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list) -> list:
+    """The speculative exact search for every index at once: per round, each unproven index's new
+    sequences, scored together in ONE call. Updates ``rounds`` in place; returns the proofs."""
+    proofs = [None] * len(indexes)
+    live = list(range(len(indexes)))
+    while live:
+        new = {}
+        for i in live:
+            proofs[i], more = next_round(sets[i], 0, k, indexes[i]._complete, budget, rounds[i])
+            if more is not None:
+                new[i] = more
+        live = list(new)
+        if not live:
+            break
+        group = [indexes[i] for i in live]
+        scored = _score_jointly(group, [sets[i] for i in live], [new[i] for i in live])
+        for i, sc in zip(live, scored):
+            sets[i].add(new[i], indexes[i]._draft_scores(new[i]), np.full(len(new[i]), -1), scored=sc)
+            sets[i].calls += 1
+            rounds[i] += 1
+    return proofs

@@ -137,32 +137,50 @@ class SearchBudget(NamedTuple):
     max_sequences: int
 
 
+def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int):
+    """The verdict on ``scored`` now, and the new sequences the next round should score (None
+    when the search stops: proven, no proof possible, or the budget is spent). May fetch full
+    target rows for "rest" exits (one call, counted by ``scored``).
+
+    Args:
+      scored: what the search has scored so far.
+      start, k: the slice ``[start, start + k)`` to prove.
+      complete: ``complete(prefixes) -> sequences``, the speculated completions of exit prefixes.
+      budget: the search's limits; ``rounds``: scoring rounds made so far.
+    """
+    proof, front = check_proof(scored, len(scored), start, k)
+    if proof.proven is not False or start < 0:
+        return proof, None
+    if rounds >= budget.max_rounds:
+        return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None
+    room = budget.max_sequences - len(scored)
+    if room <= 0:
+        return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None
+    prefixes = _open_prefixes(scored, front, start, k)
+    if prefixes is None:  # a full row was fetched: recompute before completing
+        proof, front = check_proof(scored, len(scored), start, k)
+        prefixes = _open_prefixes(scored, front, start, k, fetch=False)
+    new = scored.new(complete(prefixes[:room]))
+    if not new:
+        return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None
+    return proof, new
+
+
 def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget):
-    """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out. ``complete(prefixes) -> sequences`` speculates paths; ``draft_scores(seqs)
-    -> float[N]`` gives their draft log-probs (NaN when unknown).
+    """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out,
+    one batched target call per round (see :func:`next_round`); ``draft_scores(seqs) -> float[N]``
+    gives the new sequences' draft log-probs (NaN when unknown).
 
     Returns:
       ``(Proof, rounds)``: the final verdict and the scoring rounds made (the head's included).
     """
     rounds = 1
-    proof, front = check_proof(scored, len(scored), start, k)
-    while not proof.proven and proof.proven is not None and start >= 0:
-        if rounds >= budget.max_rounds:
-            return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), rounds
-        room = budget.max_sequences - len(scored)
-        if room <= 0:
-            return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), rounds
-        prefixes = _open_prefixes(scored, front, start, k)
-        if prefixes is None:  # a full row was fetched: recompute before completing
-            proof, front = check_proof(scored, len(scored), start, k)
-            prefixes = _open_prefixes(scored, front, start, k, fetch=False)
-        new = scored.new(complete(prefixes[:room]))
-        if not new:
-            return proof._replace(reason=f"{proof.reason}; the search found nothing new"), rounds
+    while True:
+        proof, new = next_round(scored, start, k, complete, budget, rounds)
+        if new is None:
+            return proof, rounds
         scored.add(new, draft_scores(new), np.full(len(new), -1))
         rounds += 1
-        proof, front = check_proof(scored, len(scored), start, k)
-    return proof, rounds
 
 
 def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fetch: bool = True):
