@@ -266,6 +266,9 @@ def test_bad_target_and_index_types():
         (lambda seqs: [0.0] * (len(seqs) - 1), "scores"),
         (lambda seqs: [float("nan")] + [-1.0] * (len(seqs) - 1), "nan"),
         (lambda seqs: [float("inf")] * len(seqs), "inf"),
+        (lambda seqs: [5.0] * len(seqs), "<= 0"),
+        (lambda seqs: [-1 - 0j] * len(seqs), "dtype complex"),
+        (lambda seqs: [-1] * len(seqs), "dtype int"),
     ],
 )
 def test_bad_target_output_errors_and_leaves_state_unchanged(bad_target, match):

@@ -137,7 +137,8 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
         ``edge_bounds[n - 1]`` is read, ``n = sum(valid)`` (``edge_bounds[0]`` when ``n == 0``).
       start: int[], first target rank returned, >= 0 (a negative start returns only the ranks >= 0
         of the slice and never certifies).
-      k: int[], number of items asked for, ``1 <= k <= k_max``.
+      k: int[], number of items asked for, ``>= 1``; ``k <= k_max``, or ``k_max`` covers every
+        valid row (then the slice is short and never full).
       assumed_gap: float[], assumed bound on ``|target - draft|``; NaN = not supplied.
       carry: the :class:`GapCarry` before this call.
       k_max: static int, the output length.

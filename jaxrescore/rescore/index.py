@@ -355,7 +355,9 @@ class RescoredIndex:
         """Pad to power-of-two shapes and run the jitted vmapped core in float64."""
         n = len(scored)
         size, n_q = bucket_size(n, 8), bucket_size(len(queries), 1)
-        k_max = bucket_size(max(q.k for q in queries), 8)
+        # A query returns at most its rows: memory follows the answer, never a huge k. Clipping k
+        # and start to n + 1 keeps every verdict (a k above the rows is short either way).
+        k_max = bucket_size(max(min(q.k, r) for q, r in zip(queries, rows)), 8)
         target = np.full(size, -np.inf)
         target[:n] = scored.target_lps
         draft = np.full(size, -np.inf)
@@ -368,7 +370,7 @@ class RescoredIndex:
             if bound is not None:
                 edges[max(r - 1, 0)] = bound.value
             valid[i, :r] = True
-            starts[i], ks[i] = q.start, q.k
+            starts[i], ks[i] = min(q.start, n + 1), min(q.k, n + 1)
             gaps[i] = np.nan if q.gap is None else q.gap
         carry = GapCarry(np.float64(self._carry.max_gap), np.float64(self._carry.max_excess), np.int32(0), np.int32(0))
         with jax.enable_x64(True):

@@ -36,8 +36,10 @@ def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
     +inf, none above ``tolerance`` (a log-prob is <= 0; float noise within the target's
     tolerance is clipped to 0)."""
     arr = np.asarray(raw)
-    if arr.dtype.kind not in "fiu" or arr.dtype == bool:
-        raise ValueError(f"target returned scores of dtype {arr.dtype}; expected real log-probs (float)")
+    if arr.dtype.kind != "f":
+        raise ValueError(
+            f"target returned scores of dtype {arr.dtype}; expected float log-probs (<= 0 or -inf)"
+        )
     scores = arr.astype(np.float64)
     if scores.size != len(seqs) or scores.ndim > 1 and scores.shape[0] != len(seqs):
         raise ValueError(f"target returned {scores.size} scores of shape {scores.shape} for {len(seqs)} sequences")
