@@ -178,3 +178,16 @@ def test_train_writes_a_loadable_target(tmp_path, capsys):
     out = tmp_path / "t.npz"
     assert main(["train", "--steps", "3", "--out", str(out)]) == 0
     assert load_model(out).config == target_config()
+
+
+@pytest.mark.parametrize("k, prefix", [(100, ""), (25, "ma")])
+def test_proven_names_meet_the_bar(k, prefix):
+    """At most 8 target calls, fewer target sequences than best-first needs prefix forwards, and
+    the same answer as exact best-first search over the target."""
+    from jaxrescore.demo import run_demo
+
+    out = run_demo(k=k, prefix=prefix, progress=False, certify=False)
+    assert out["proven"] is True, out["proof_reason"]
+    exact = out["exact_best_first"]
+    assert exact["same_answer"] is True
+    assert out["target_calls"] <= 8 and out["target_sequences"] < exact["forwards"]

@@ -54,3 +54,13 @@ def test_bad_apply_fn():
         from_apply_fn("f", init(), vocab_size=V, bos_id=V, max_len=6)
     with pytest.raises(ValueError, match="eos"):
         from_apply_fn(apply_fn, init(), vocab_size=V, bos_id=V, max_len=6, eos=V)
+
+
+def test_score_tolerance_follows_the_logits_dtype():
+    m32 = from_apply_fn(apply_fn, init(), vocab_size=V, bos_id=V, max_len=6, eos=0)
+    m16 = from_apply_fn(
+        lambda p, t: apply_fn(p, t).astype(jnp.bfloat16), init(), vocab_size=V, bos_id=V, max_len=6, eos=0
+    )
+    assert m32.score_tolerance == 1e-3 and m16.score_tolerance == 0.1
+    fs = m16.score_frontier(seqs(4), top_m=2)
+    assert np.isfinite(fs.scores).all() and (fs.top_lps <= 0).all()
