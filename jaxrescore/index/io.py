@@ -8,6 +8,16 @@ checksum does not match, or that was built for a model with a different vocabula
 a different first next-token table, or different tables at up to ``CHECK_ROWS`` stored prefixes
 spread over the depths (re-evaluated in one model call). A model that differs only at prefixes
 outside that sample still loads: the check is a sample, not a proof.
+
+Versions: this writes version 3 and reads 3 and 2. In version 3 the header's ``dropped`` (the
+``dropped_upper`` bound) is an exact int below 2**63 or the repr of a float upper bound (``inf``
+included), so a ``branch_cap`` index over a wide, long model saves (Python cannot print an int past
+4,300 digits). A version-2 file gets its frontier recomputed from its kept rows and is refused if it
+holds a negative bucket (its bucket arithmetic could overflow on log-probs far below -1e17).
+
+Limits: a file whose arrays take more than ``max_bytes`` (uncompressed sizes, read from the zip
+directory) or whose tree has more than ``max_nodes`` nodes raises IndexLimitError before its
+arrays are read, or before the index is assembled.
 """
 
 from __future__ import annotations
@@ -24,7 +34,11 @@ from jaxrescore.quantize import Quantizer
 from jaxrescore.sequences import bucket_size
 
 FORMAT = "jaxrescore.SeekIndex"
-VERSION = 2  # 2: max_len cuts kept apart from branch_cap drops
+# 2: max_len cuts kept apart from branch_cap drops. 3: "dropped" is an int below 2**63 or a float
+# upper bound (it had no size limit and could not be written past 4,300 digits); bucket arithmetic
+# that saturates instead of overflowing (see quantize.py), so a version-2 file is re-checked on load.
+VERSION = 3
+PREVIOUS = 2  # still read (and re-checked)
 # Root rows agree if every finite log-prob matches within this (float32 forwards on other hardware).
 ROOT_ATOL = 1e-4
 # Stored next-token rows re-checked against the model on load.
@@ -66,7 +80,7 @@ def save_index(index, path) -> None:
         "frontier_min": index._frontier_min,
         "cut_min": index._cut_min,
         "length_cut_min": index._length_cut_min,
-        "dropped": str(index._dropped),  # may exceed 2**63
+        "dropped": _dropped_text(index._dropped),
         "forwards": index.forwards,
         "builds": index.builds,
     }
@@ -85,23 +99,69 @@ def save_index(index, path) -> None:
         raise
 
 
-def _read(path: str) -> tuple[dict, dict]:
+def _dropped_text(dropped: int | float) -> str:
+    """``dropped`` as header text: an exact int (below 2**63) or a float's repr ('inf' included)."""
+    return str(dropped) if isinstance(dropped, int) else repr(float(dropped))
+
+
+def _dropped_value(text) -> int | float:
+    """The inverse of :func:`_dropped_text`; a version-2 int of any size becomes an upper bound."""
+    from jaxrescore.index.seek import _as_upper
+
+    # TypeError: load_index reports it as an inconsistent file
+    if not isinstance(text, str):
+        raise TypeError(f"dropped must be text, got {text!r}")
+    if text.isdigit():
+        return _as_upper(int(text))
+    try:
+        value = float(text)
+    except ValueError:
+        raise TypeError(f"dropped must be an int or a float, got {text!r}") from None
+    if not value >= 0:
+        raise TypeError(f"dropped must be >= 0, got {text!r}")
+    return value
+
+
+def _read(path: str, max_bytes: int | None = None) -> tuple[dict, dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"no SeekIndex file at {path}")
     try:
         with np.load(path, allow_pickle=False) as z:
+            if max_bytes is not None:
+                _check_size(path, z, max_bytes)
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop("header").tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        if isinstance(e, _limit_error()):
+            raise
         raise ValueError(f"{path} is not a readable SeekIndex file (corrupted or truncated): {e}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a SeekIndex file (format {header.get('format')!r})")
-    if header.get("version") != VERSION:
-        raise ValueError(f"{path} has SeekIndex format version {header.get('version')!r}; this reads {VERSION}")
+    if header.get("version") not in (PREVIOUS, VERSION):
+        raise ValueError(
+            f"{path} has SeekIndex format version {header.get('version')!r}; this reads versions "
+            f"{PREVIOUS} and {VERSION}"
+        )
     stored = header.pop("checksum", None)
     if stored != _checksum(header, arrays):
         raise ValueError(f"{path} failed its checksum: the file is corrupted")
     return header, arrays
+
+
+def _limit_error():
+    from jaxrescore.index.seek import IndexLimitError
+
+    return IndexLimitError
+
+
+def _check_size(path: str, z, max_bytes: int) -> None:
+    """Refuse, before reading any array, a file whose arrays alone exceed ``max_bytes``."""
+    size = sum(info.file_size for info in z.zip.infolist())
+    if size > max_bytes:
+        raise _limit_error()(
+            f"SeekIndex.load({path!r}): its arrays take {size:,} bytes, over max_bytes={max_bytes:,}; "
+            "nothing was read. Pass a larger max_bytes to load it."
+        )
 
 
 def _check_model(path: str, header: dict, root_row: np.ndarray, model) -> None:
@@ -129,33 +189,71 @@ def _check_model(path: str, header: dict, root_row: np.ndarray, model) -> None:
         raise ValueError(f"{path} was built for a different model: the first next-token table differs")
 
 
-def load_index(cls, path, model, *, progress=None, chunk_rows=4096):
-    """Rebuild a ``cls`` (SeekIndex) instance from ``path`` for ``model``."""
-    from jaxrescore.index.seek import _Nodes
+def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=None, max_bytes=None):
+    """Rebuild a ``cls`` (SeekIndex) instance from ``path`` for ``model`` (see ``SeekIndex.load``)."""
+    from jaxrescore.index.seek import _limit_arg, _Nodes, default_max_bytes
 
     path = os.fspath(path)
-    header, arrays = _read(path)
+    max_nodes = _limit_arg(max_nodes, "max_nodes")
+    max_bytes = _limit_arg(max_bytes, "max_bytes")
+    max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+    header, arrays = _read(path, max_bytes)
     try:
         quantizer = Quantizer(*header["quantizer"])
         _check_model(path, header, arrays["root_row"], model)
         index = cls.__new__(cls)
-        index._setup(model, quantizer, header["branch_cap"], header["max_depth_bits"], progress, chunk_rows)
+        index._setup(model, quantizer, header["branch_cap"], header["max_depth_bits"], progress, chunk_rows,
+                     max_nodes=max_nodes, max_bytes=max_bytes)
         index._nodes = _Nodes({k[5:]: v for k, v in arrays.items() if k.startswith("node_")})
+        if max_nodes is not None and index._nodes.n > max_nodes:
+            raise _limit_error()(
+                f"SeekIndex.load({path!r}): it holds {index._nodes.n:,} prefix-tree nodes, over "
+                f"max_nodes={max_nodes:,}. Pass a larger max_nodes to load it."
+            )
         index._row_ids = [arrays["row_ids"].astype(np.int64)]
         index._rows = [arrays["rows"].astype(np.float32)]
+        index._n_rows = int(index._row_ids[0].size)
+        index._width = int(index._rows[0].shape[1])
         index._root_row = arrays["root_row"] if arrays["root_row"].size else None
         index._budget = int(header["budget"])
         index._frontier_min = int(header["frontier_min"])
         index._cut_min = int(header["cut_min"])
         index._length_cut_min = int(header["length_cut_min"])
-        index._dropped = int(header["dropped"])
+        index._dropped = _dropped_value(header["dropped"])
         index.forwards = int(header["forwards"])
         index.builds = int(header["builds"])
+        _check_buckets(path, header, index)
         index._rank()
     except (KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{path} is an inconsistent SeekIndex file: {e!r}") from None
     _check_sampled_rows(path, index, model)
     return index
+
+
+def _check_buckets(path: str, header: dict, index) -> None:
+    """Bucket values in range; a version-2 file gets its frontier recomputed from the kept rows.
+
+    Version 2 summed unsaturated step buckets: a step below about -1e18 nats overflowed int64 (a
+    negative bucket: refused, as its order is wrong) and one near -1e17 nats could pass for "no
+    bucket", hiding a child beyond the budget (recomputing the frontier restores it)."""
+    from jaxrescore.quantize import NO_BUCKET
+
+    fb = index._nodes.fb
+    values = [index._frontier_min, index._cut_min, index._length_cut_min]
+    if (fb.size and (fb.min() < 0 or fb.max() > max(index._budget, 0))) or min(values) < 0 or max(values) > NO_BUCKET:
+        raise ValueError(
+            f"{path} holds bucket values out of range (a negative or oversized fine bucket): it was written "
+            "by a version whose bucket arithmetic overflowed on log-probs far below -1e17, or it is damaged; "
+            "rebuild the index"
+        )
+    if index._budget > index._max_budget:
+        raise ValueError(f"{path} is an inconsistent SeekIndex file: budget beyond its max_depth_bits")
+    if header["version"] == PREVIOUS:
+        if index._dropped and index._cut_min >= NO_BUCKET:
+            raise ValueError(
+                f"{path} reports branch_cap drops without their bucket (a version-2 overflow); rebuild the index"
+            )
+        index._frontier_min = index._frontier_from_rows()
 
 
 def _check_sampled_rows(path: str, index, model) -> None:

@@ -15,7 +15,30 @@ reads the newly admitted children off them and pays forwards only for prefixes i
 After each build one vectorised pass per depth sorts siblings, counts the sequences below every
 prefix (the count DP, bottom-up) and gives each sequence its depth-first position (top-down); the
 sequences are then sorted by (bucket, position). Counts are int64: every counted sequence is one
-cell of a forward the index paid for, so no count can come near 2**63 and no float mode is needed.
+node the index holds within ``max_bytes``, so no count can come near 2**63.
+
+Growth. :meth:`SeekIndex.ensure_count` picks the next budget from a prediction: per-depth histograms
+of step buckets (sampled from the kept next-token rows) give, by a small DP, the expected number of
+sequences, nodes and expanded rows below a prefix within any remaining budget; applied to the
+children already seen beyond the budget, that predicts the index's size at every budget ahead. The
+pass goes to the smallest budget predicted to hold ``n`` sequences (never past what is predicted to
+fit ``max_bytes``/``max_nodes``), or ``GROWTH_FLOOR`` (1.5) times the size at the call if that is more,
+so that asking for one more rank at a time costs a logarithmic number of passes. While fewer than
+``THIN_ROWS`` rows are kept the histograms miss the few likely paths at the head, so a pass then
+grows at most one bit. The index thus ends within a small factor of what ``n`` needs: on a model
+whose tables do not depend on the prefix (a flat draft) the prediction is exact and the index holds
+the sequences of the smallest sufficient budget (at most one bucket's worth more than ``n``); on
+flat, peaked and random drafts tests/test_seek_reliability.py checks at most 4x the sequences of
+the smallest budget that holds ``n`` (measured: at most 2x).
+
+Limits. ``max_bytes`` (default :func:`default_max_bytes`) and ``max_nodes`` cap the index's size,
+counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept next-token row. Every
+admission of children is checked against them before anything is allocated (the children admitted,
+and the rows their expansion will need); a request whose prediction is more than
+``PREFLIGHT_FACTOR`` times over is refused before building at all. Either way
+:class:`IndexLimitError` (a ValueError) names the request, the limit and the size, and the index is
+left exactly as it was before the call. Transient memory during a build can reach about twice
+``max_bytes`` (sorting, merging row chunks), so set it to about half of what may be used.
 
 Soundness. :meth:`SeekIndex.bucket_bound` bounds the draft log-prob of every sequence ranked ``>= n``
 or never indexed. A prefix's bucket lower-bounds the bucket of all its completions, so the index
@@ -23,23 +46,76 @@ tracks the smallest bucket of everything it cut: children beyond the budget (rec
 build), children dropped by ``branch_cap`` and, for a terminating model, prefixes cut at ``max_len``
 (permanent). A terminating model's mass beyond ``max_len`` is treated like any other cut: it keeps
 ``truncated`` True and stays under the bound, as a target model may continue where the draft stops.
+A finite step deeper than ``quantize.MAX_STEP_BITS`` (a logit mask such as ``-1e30``) saturates at a
+bucket no budget reaches (``max_depth_bits <= quantize.MAX_BUDGET_BITS``): such children are never
+indexed, stay cut (``truncated`` True, never "exhausted") and are covered by the bound, which the
+smaller, saturated bucket only loosens. Only ``-inf`` steps are outside the support.
+
+Threads. Every public method and property takes the index's re-entrant lock, so one index may be
+shared by threads (deepening by one waits for another's); the lock is left out of pickles.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import numbers
+import os
+import threading
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxrescore.quantize import LN2, TOL, Quantizer
+from jaxrescore.quantize import LN2, MAX_BUDGET_BITS, NO_BUCKET, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
 
-# Bucket value of "nothing": larger than any reachable bucket, small enough never to overflow a sum.
-NO_BUCKET = np.iinfo(np.int64).max // 4
 # Seconds a build must run before its progress bar appears (progress=None).
 PROGRESS_DELAY_S = 1.0
+# Bytes charged per prefix-tree node: 37 of node columns (parent, token, depth, fb, lp, step,
+# terminal) and 24 of the sorted sequence arrays (id, bucket, log-prob), rounded up.
+NODE_BYTES = 64
+# Cells of kept next-token rows examined at once: bounds the temporaries of a scan (~40 B a cell).
+CELL_BLOCK = 1 << 20
+# A deepening predicted to need more than this many times max_bytes/max_nodes is refused before
+# building; one predicted within it is attempted, and the exact checks stop it if it does not fit
+# (the prediction is an estimate, so a near miss is not refused on its word alone).
+PREFLIGHT_FACTOR = 2.0
+# A pass that is needed at all grows the index to at least this many times its size (when that is
+# predicted to fit the limits): a consumer asking for one more rank at a time then pays a
+# logarithmic number of passes, for at most this factor of overshoot.
+GROWTH_FLOOR = 1.5
+# Below this many kept rows the histograms rest on a row or two and badly miss the head of the
+# distribution (a few likely paths): ensure_count then grows at most one bit a pass.
+THIN_ROWS = 32
+# Buckets beyond the built budget that one growth prediction covers (the DP is O(span**2)).
+PREDICT_SPAN = 2048
+# Next-token cells sampled (over all depths) for the step histograms of the growth prediction.
+SAMPLE_CELLS = 1 << 20
+# Predicted counts saturate here: far above any limit, far below float64 overflow.
+_PRED_CAP = 1e30
+# Ranks at or beyond this never fit any index (int64 positions).
+_MAX_RANK = 1 << 62
+
+
+def default_max_bytes() -> int:
+    """The default ``max_bytes``: 2 GiB, or an eighth of the machine's physical memory when that is
+    less (but at least 64 MiB). With the transient peak of a build (about twice the limit) that
+    keeps an index well inside the memory of a laptop or a notebook runtime."""
+    cap = 2 << 30
+    try:
+        phys = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return cap
+    return int(min(cap, max(phys // 8, 64 << 20)))
+
+
+class IndexLimitError(ValueError):
+    """A SeekIndex deepening would pass ``max_nodes`` or ``max_bytes``.
+
+    Raised before the allocation that would pass the limit; the index is left as it was before the
+    call (queries within what is built keep working). The message names the request, the limit and
+    the size needed."""
 
 
 def _int_arg(value, name: str, *, minimum: int) -> int:
@@ -48,10 +124,45 @@ def _int_arg(value, name: str, *, minimum: int) -> int:
     return int(value)
 
 
-def _bits_arg(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of bits >= 0, got {value!r}")
+def _bits_arg(value, name: str, *, maximum: float = math.inf) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not 0 <= value <= maximum
+    ):
+        accepted = "a finite number of bits >= 0" if maximum == math.inf else f"a number of bits in [0, {maximum:g}]"
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return float(value)
+
+
+def _limit_arg(value, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _show(n: int) -> str:
+    """An int for a message: exact with thousands separators, or a power of two past 60 digits
+    (Python refuses to print ints past 4,300 digits)."""
+    return f"{n:,}" if n.bit_length() <= 200 else f"about {'-' if n < 0 else ''}2**{n.bit_length() - 1}"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB" if nbytes < 2**50 else f"{nbytes:.3g} bytes"
+
+
+def _locked(method):
+    """Run ``method`` holding the index's re-entrant lock (see "Threads" in the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class _Nodes:
@@ -59,7 +170,8 @@ class _Nodes:
 
     Columns: parent int64, token int32, depth int32, fb int64 (cumulative fine bucket), lp float64
     (cumulative clipped log-prob), step float32 (the model's own log-prob of the last token),
-    terminal bool (the node is a complete sequence of the support).
+    terminal bool (the node is a complete sequence of the support). Rows below ``n`` are never
+    written again, so truncating ``n`` undoes an append.
     """
 
     DTYPES = {
@@ -112,16 +224,22 @@ class SeekIndex:
       bin_width_bits, oversample: the :class:`~jaxrescore.quantize.Quantizer`.
       branch_cap: keep at most this many children per prefix (the likeliest, ties by token id);
         the rest are dropped for good, counted in ``dropped_upper`` and covered by ``bucket_bound``.
-      max_depth_bits: the largest bit budget the index ever deepens to.
+      max_depth_bits: the largest bit budget the index ever deepens to; at most
+        ``quantize.MAX_BUDGET_BITS`` (2**29).
       initial_bits: the budget built by the constructor.
       progress: tqdm bar over model rows: None shows it once a build runs over a second, True
         always, False never.
       chunk_rows: prefixes per ``next_logprobs`` call.
+      max_nodes: the most prefix-tree nodes the index may hold (None: no node limit besides
+        ``max_bytes``).
+      max_bytes: the most bytes the index may hold, counted as ``NODE_BYTES`` (64) per node plus
+        ``4 * V`` per kept next-token row; None means :func:`default_max_bytes` (2 GiB, or an
+        eighth of physical memory if less). A deepening that would pass either limit raises
+        :class:`IndexLimitError` before allocating and leaves the index as it was.
 
     Counters: ``forwards`` (model rows evaluated, padding excluded), ``builds`` (build passes).
 
-    Memory: about 40 bytes per prefix-tree node plus the kept next-token row of every expanded
-    prefix, ``4 * V`` bytes each (what lets deepening skip forwards already paid for).
+    Memory: :attr:`nbytes` as counted above; a build's transient peak is up to about twice that.
     """
 
     def __init__(
@@ -135,13 +253,35 @@ class SeekIndex:
         initial_bits: float = 8.0,
         progress: bool | None = None,
         chunk_rows: int = 4096,
+        max_nodes: int | None = None,
+        max_bytes: int | None = None,
     ):
         self._setup(
-            model, Quantizer(bin_width_bits, oversample), branch_cap, max_depth_bits, progress, chunk_rows
+            model,
+            Quantizer(bin_width_bits, oversample),
+            branch_cap,
+            max_depth_bits,
+            progress,
+            chunk_rows,
+            max_nodes=max_nodes,
+            max_bytes=max_bytes,
         )
-        self.ensure_bits(min(_bits_arg(initial_bits, "initial_bits"), self.max_depth_bits))
+        initial = _bits_arg(initial_bits, "initial_bits")
+        try:
+            with self._lock:
+                self._deepen_to(
+                    self.quantizer.budget(min(initial, self.max_depth_bits)),
+                    f"SeekIndex(initial_bits={initial_bits!r})",
+                )
+        except IndexLimitError as err:
+            err.args = (
+                f"{err.args[0]} Pass a smaller initial_bits, a larger max_bytes/max_nodes, or branch_cap to "
+                "keep fewer children per prefix.",
+            )
+            raise
 
-    def _setup(self, model, quantizer, branch_cap, max_depth_bits, progress, chunk_rows):
+    def _setup(self, model, quantizer, branch_cap, max_depth_bits, progress, chunk_rows, *, max_nodes=None,
+               max_bytes=None):
         for attr in ("vocab_size", "eos", "max_len", "next_logprobs"):
             if not hasattr(model, attr):
                 raise TypeError(
@@ -153,39 +293,62 @@ class SeekIndex:
         self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
         self.quantizer = quantizer
         self.branch_cap = None if branch_cap is None else _int_arg(branch_cap, "branch_cap", minimum=1)
-        self.max_depth_bits = _bits_arg(max_depth_bits, "max_depth_bits")
+        self.max_depth_bits = _bits_arg(max_depth_bits, "max_depth_bits", maximum=MAX_BUDGET_BITS)
         if progress not in (None, True, False):
             raise ValueError(f"progress must be None, True or False, got {progress!r}")
         self.progress = progress
         self.chunk_rows = _int_arg(chunk_rows, "chunk_rows", minimum=1)
+        self.max_nodes = _limit_arg(max_nodes, "max_nodes")
+        limit = _limit_arg(max_bytes, "max_bytes")
+        self.max_bytes = default_max_bytes() if limit is None else limit
+        self._lock = threading.RLock()
         self.forwards = 0
         self.builds = 0
         self._nodes = _Nodes()
         self._budget = -1  # deepest fine bucket admitted; -1 = nothing built yet
         self._row_ids: list[np.ndarray] = []  # expanded nodes, chunk by chunk
         self._rows: list[np.ndarray] = []  # their next-token rows float32[b, V], cut cells at -inf
+        self._n_rows = 0  # rows kept, over all chunks
+        self._width = 0  # the widest kept row (an inferred vocabulary grows)
+        self._pending = 0  # during a pass: live nodes admitted and not yet expanded (rows to come)
+        self._request = ""  # during a deepening: the public call it serves (for error messages)
         self._frontier_min = NO_BUCKET  # smallest bucket of a child beyond the budget
         self._cut_min = NO_BUCKET  # smallest bucket of a child dropped for good by branch_cap
         self._length_cut_min = NO_BUCKET  # smallest bucket of a terminating prefix cut at max_len
-        self._dropped = 0  # upper bound on support sequences below branch_cap drops
+        # upper bound on support sequences below branch_cap drops: an exact int below 2**63, beyond
+        # that a float rounded up (inf if it overflows), so it always prints and saves
+        self._dropped: int | float = 0
         self._root_row: np.ndarray | None = None
         self._rank()
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_lock", None)  # a lock cannot be pickled; each copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     # -- state ---------------------------------------------------------------------------------------
 
+    @_locked
     def __len__(self) -> int:
         """Sequences currently indexed."""
         return int(self._seq_id.size)
 
     @property
+    @_locked
     def built_bits(self) -> float:
         """The bit budget built so far."""
         return max(self._budget, 0) / self.quantizer.scale
 
     @property
+    @_locked
     def truncated(self) -> bool:
-        """True while some sequence of the support may be missing: children beyond the budget,
-        ``branch_cap`` drops, or prefixes of a terminating model cut at ``max_len``."""
+        """True while some sequence of the support may be missing: children beyond the budget
+        (saturated, improbably deep steps included), ``branch_cap`` drops, or prefixes of a
+        terminating model cut at ``max_len``."""
         return min(self._frontier_min, self._cut_min, self._length_cut_min) < NO_BUCKET
 
     @property
@@ -194,14 +357,24 @@ class SeekIndex:
         return not self.truncated
 
     @property
+    @_locked
     def dropped_upper(self) -> int | float:
         """Upper bound on support sequences permanently dropped by ``branch_cap`` (0 without it):
-        each dropped prefix counts every structurally possible completion. ``inf`` when drops exist
-        and the model's vocabulary is inferred (it may still grow)."""
+        each dropped prefix counts every structurally possible completion. An exact int below
+        2**63; beyond that a float rounded up (``inf`` past float range). ``inf`` also when drops
+        exist and the model's vocabulary is inferred (it may still grow)."""
         if self._dropped and getattr(self.model, "vocab_inferred", False):
             return math.inf
         return self._dropped
 
+    @property
+    @_locked
+    def nbytes(self) -> int:
+        """The index's size as ``max_bytes`` counts it: ``NODE_BYTES`` per node plus ``4 * V`` per
+        kept next-token row."""
+        return self._nodes.n * NODE_BYTES + self._n_rows * self._row_bytes()
+
+    @_locked
     def bucket_bound(self, n: int, *, length_cuts: bool = True) -> float:
         """A sound upper bound on the draft log-prob of every support sequence ranked ``>= n`` or
         not indexed at all; ``-inf`` iff provably no such sequence exists.
@@ -226,68 +399,216 @@ class SeekIndex:
             return -math.inf
         return float(self.quantizer.edge(fb, self.max_len))
 
-    # -- building ------------------------------------------------------------------------------------
+    # -- deepening -----------------------------------------------------------------------------------
 
+    @property
+    def _max_budget(self) -> int:
+        return self.quantizer.budget(self.max_depth_bits)
+
+    def _row_bytes(self) -> int:
+        """Bytes of one kept next-token row (the widest seen, or the model's vocabulary)."""
+        return 4 * max(int(self.model.vocab_size), self._width, 1)
+
+    def _capacity(self) -> int:
+        """The most sequences any deepening of this index could ever hold (one node each)."""
+        cap = self.max_bytes // NODE_BYTES
+        return cap if self.max_nodes is None else min(cap, self.max_nodes)
+
+    @_locked
     def ensure_bits(self, bits: float) -> "SeekIndex":
-        """Deepen until every sequence within ``bits`` bits (capped at ``max_depth_bits``) is held."""
-        bits = min(_bits_arg(bits, "bits"), self.max_depth_bits)
-        self._ensure_budget(self.quantizer.budget(bits))
+        """Deepen until every sequence within ``bits`` bits (capped at ``max_depth_bits``) is held.
+        IndexLimitError if that would pass ``max_nodes``/``max_bytes`` (the index is unchanged)."""
+        value = min(_bits_arg(bits, "bits"), self.max_depth_bits)
+        with self._atomic():
+            self._deepen_to(self.quantizer.budget(value), f"ensure_bits(bits={bits!r})")
         return self
 
+    @_locked
     def ensure_count(self, n: int) -> "SeekIndex":
-        """Deepen (geometrically, at most doubling the budget per pass) until ``len(self) >= n``,
-        the support is exhausted or ``max_depth_bits`` is reached."""
+        """Deepen until ``len(self) >= n``, the support is exhausted or ``max_depth_bits`` is
+        reached. Each pass goes to the budget the step histograms predict to hold ``n`` sequences
+        (see "Growth" in the module docstring). IndexLimitError if ``n`` sequences cannot be held
+        within ``max_nodes``/``max_bytes``; the index is then left as it was before the call."""
         n = _int_arg(n, "n", minimum=0)
-        max_budget = self.quantizer.budget(self.max_depth_bits)
-        while len(self) < n and self._frontier_min < NO_BUCKET and self._budget < max_budget:
-            self._ensure_budget(min(self._next_budget(n), max_budget))
+        with self._atomic():
+            self._deepen_for_count(n, f"ensure_count(n={_show(n)})")
         return self
 
-    def _ensure_budget(self, budget: int) -> None:
+    def _deepen_to(self, budget: int, request: str) -> None:
+        """Build to ``budget`` (no-op if built), refusing at once what is predicted far too big."""
         if budget <= self._budget:
             return
         if self._budget >= 0 and self._frontier_min > budget:
             self._budget = budget  # nothing new fits: no pass needed
             return
-        self._grow(budget)
+        if self._budget >= 0:
+            span = min(budget - self._budget, PREDICT_SPAN)
+            pred = self._predict(span)
+            if pred is not None:
+                what = f"building every sequence within {budget / self.quantizer.scale:g} bits"
+                self._refuse_if_far(pred, span - 1, request, what)
+        self._grow(budget, request)
 
-    def _next_budget(self, n: int) -> int:
-        """A budget expected to hold ``n`` sequences, from the count growth seen so far."""
-        b, have = self._budget, len(self)
-        step_cap = max(b, self.quantizer.oversample)
-        if have == 0:
-            step = step_cap
-        else:
-            half = int(np.searchsorted(self._seq_fb, b // 2, side="right"))
-            rate = math.log2(have / max(half, 1)) / max(b - b // 2, 1)  # log2(count) per bucket
-            step = math.ceil(1.25 * math.log2(max(n, 1) / have) / max(rate, 1e-3)) + 1
-            step = min(max(step, 1), step_cap)
-        return max(b + step, self._frontier_min)
+    def _can_deepen(self, n: int) -> bool:
+        return len(self) < n and self._frontier_min < NO_BUCKET and self._budget < self._max_budget
 
-    def _grow(self, budget: int) -> None:
-        """One build pass, all or nothing: a model error midway leaves the index as it was."""
-        saved = (
-            self._nodes.n, len(self._rows), self._cut_min, self._length_cut_min, self._dropped, self.forwards,
-            self._root_row,
+    def _deepen_for_count(self, n: int, request: str) -> None:
+        """Deepen pass by pass until ``n`` sequences are held (or nothing more can be)."""
+        n = min(n, _MAX_RANK)  # no index holds more: larger requests mean "as many as there are"
+        roomy = max(n, math.ceil(GROWTH_FLOOR * len(self)))  # from the size at the call, once
+        while self._can_deepen(n):
+            self._grow_fitting(self._next_budget(n, roomy, request), request)
+
+    def _grow_fitting(self, target: int, request: str) -> None:
+        """One pass to ``target``; if it would pass a limit, retry halfway back (never below the
+        first bucket beyond the budget) before giving up."""
+        while True:
+            if self._frontier_min > target:
+                self._budget = max(self._budget, target)
+                return
+            try:
+                self._grow(target, request)
+                return
+            except IndexLimitError:
+                smaller = max(self._frontier_min, (self._budget + target) // 2)
+                if smaller >= target:
+                    raise
+                target = smaller
+
+    def _next_budget(self, n: int, roomy: int, request: str) -> int:
+        """The budget of the next pass towards ``n`` sequences: the smallest one predicted to hold
+        ``roomy >= n`` of them (``GROWTH_FLOOR`` times the size before the call: growing one rank
+        at a time then costs a logarithmic number of passes), falling back to ``n`` alone, and then
+        to the furthest budget predicted to fit the limits, when that would not fit."""
+        b, max_budget = self._budget, self._max_budget
+        span = min(max_budget - b, PREDICT_SPAN)
+        pred = self._predict(span)
+        if pred is None:  # nothing kept to predict from: grow geometrically
+            return min(max(b + max(b, self.quantizer.oversample), self._frontier_min), max_budget)
+        seqs, nodes, nbytes = pred
+        fits = nbytes <= self.max_bytes
+        if self.max_nodes is not None:
+            fits &= nodes <= self.max_nodes
+        reach = np.flatnonzero(seqs >= n)
+        u = int(reach[0]) if reach.size else span - 1
+        spare = np.flatnonzero(seqs >= roomy)
+        if spare.size and fits[spare[0]]:
+            u = max(u, int(spare[0]))
+        elif not fits[u]:
+            if reach.size or b + span == max_budget:  # what n needs (or all there is) is too big
+                what = (f"holding {_show(n)} sequences" if reach.size
+                        else f"holding the {seqs[u]:.3g} sequences within max_depth_bits={self.max_depth_bits:g}")
+                self._refuse_if_far(pred, u, request, what)
+            ok = np.flatnonzero(fits[:u])
+            u = int(ok[-1]) if ok.size else u  # else: one step, the exact checks decide
+        if self._n_rows < THIN_ROWS:  # histograms of a row or two: creep, at most a bit a pass
+            u = min(u, max(math.ceil(self.quantizer.scale), 1) - 1)
+        return min(max(b + 1 + u, self._frontier_min), max_budget)
+
+    def _refuse_if_far(self, pred, u: int, request: str, what: str) -> None:
+        seqs, nodes, nbytes = pred
+        over_bytes = nbytes[u] > PREFLIGHT_FACTOR * self.max_bytes
+        over_nodes = self.max_nodes is not None and nodes[u] > PREFLIGHT_FACTOR * self.max_nodes
+        if not (over_bytes or over_nodes):
+            return
+        limit = f"max_bytes={self.max_bytes:,}" if over_bytes else f"max_nodes={self.max_nodes:,}"
+        bits = (self._budget + 1 + u) / self.quantizer.scale
+        raise IndexLimitError(
+            f"{request}: {what} is predicted (from the step histograms of the {self._n_rows:,} next-token "
+            f"rows kept) to need a budget of {bits:g} bits, about {nodes[u]:.3g} prefix-tree nodes "
+            f"and {_mib(nbytes[u])}, more than {PREFLIGHT_FACTOR:g}x {limit}; nothing was built."
         )
+
+    def _advice(self) -> str:
+        return (
+            f"The index holds {len(self):,} sequences within {self.built_bits:g} bits "
+            f"({self._nodes.n:,} nodes, {_mib(self.nbytes)}) and keeps answering within them. Ask for "
+            "fewer sequences or bits, raise max_bytes/max_nodes, or pass branch_cap to keep fewer "
+            "children per prefix."
+        )
+
+    def _check_room(self, new_nodes: int, new_live: int) -> None:
+        """Raise IndexLimitError if adding ``new_nodes`` nodes, ``new_live`` of them to be expanded,
+        would pass a limit (rows still owed to admitted live nodes included)."""
+        nodes = self._nodes.n + new_nodes
+        rows = self._n_rows + self._pending + new_live
+        nbytes = nodes * NODE_BYTES + rows * self._row_bytes()
+        if self.max_nodes is not None and nodes > self.max_nodes:
+            limit = f"max_nodes={self.max_nodes:,}"
+        elif nbytes > self.max_bytes:
+            limit = f"max_bytes={self.max_bytes:,} ({_mib(self.max_bytes)})"
+        else:
+            return
+        raise IndexLimitError(
+            f"{self._request}: deepening to {self._pass_budget / self.quantizer.scale:g} bits needs at least "
+            f"{nodes:,} prefix-tree nodes and {rows:,} next-token rows of {self._row_bytes() // 4:,} log-probs, "
+            f"{_mib(nbytes)}, over {limit}; the pass was stopped before allocating them."
+        )
+
+    # -- snapshots (a failed call leaves the index as it was) ----------------------------------------
+
+    @contextlib.contextmanager
+    def _atomic(self):
+        """Undo every pass of a public call that fails, and end a limit error with what is left."""
+        saved = self._snapshot()
+        try:
+            yield
+        except BaseException as err:
+            self._restore(saved)
+            if isinstance(err, IndexLimitError) and not getattr(err, "advised", False):
+                err.args = (f"{err.args[0]} {self._advice()}",) + err.args[1:]
+                err.advised = True
+            raise
+
+    def _snapshot(self) -> dict:
+        names = ("_budget", "_frontier_min", "_cut_min", "_length_cut_min", "_dropped", "forwards", "builds",
+                 "_root_row", "_seq_id", "_seq_fb", "_seq_lp", "_n_rows")
+        state = {name: getattr(self, name) for name in names}
+        state["n_nodes"] = self._nodes.n
+        return state
+
+    def _restore(self, state: dict) -> None:
+        state = dict(state)
+        self._nodes.n = state.pop("n_nodes")
+        keep = state["_n_rows"]
+        ids_kept, rows_kept, total = [], [], 0
+        for ids, rows in zip(self._row_ids, self._rows):  # chunks only grow at the end
+            if total >= keep:
+                break
+            take = min(ids.size, keep - total)
+            ids_kept.append(ids if take == ids.size else ids[:take].copy())
+            rows_kept.append(rows if take == ids.size else rows[:take].copy())
+            total += take
+        self._row_ids, self._rows = ids_kept, rows_kept
+        self._pending = 0
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    # -- building ------------------------------------------------------------------------------------
+
+    def _grow(self, budget: int, request: str) -> None:
+        """One build pass, all or nothing: a model error or a limit midway leaves the index as it was."""
+        saved = self._snapshot()
+        self._request, self._pass_budget = request, budget
         try:
             self._grow_pass(budget)
+            self._consolidate_rows()
+            self._rank()
         except BaseException:
-            n_nodes, n_rows, self._cut_min, self._length_cut_min, self._dropped, self.forwards, self._root_row = saved
-            self._nodes.n = n_nodes
-            del self._rows[n_rows:], self._row_ids[n_rows:]
+            self._restore(saved)
             raise
-        self._consolidate_rows()
-        self._rank()
 
     def _grow_pass(self, budget: int) -> None:
         """Admit every child with bucket in (old budget, budget], level by level."""
         old = self._budget
         pending: list[list[np.ndarray]] = [[] for _ in range(self.max_len + 1)]
+        self._pending = 0
         if old < 0:
+            self._check_room(0, 1)
             pending[0].append(np.zeros(1, np.int64))
+            self._pending = 1
         frontier = NO_BUCKET
-        for ids, rows in zip(self._row_ids, self._rows):
+        for ids, rows in zip(list(self._row_ids), list(self._rows)):
             frontier = min(frontier, self._admit(ids, rows, old, budget, pending))
         with tqdm(
             unit="rows",
@@ -306,6 +627,9 @@ class SeekIndex:
                     rows = self._cut(ids, depth, self._forward(ids, depth))
                     self._row_ids.append(ids)
                     self._rows.append(rows)
+                    self._n_rows += ids.size
+                    self._width = max(self._width, rows.shape[1])
+                    self._pending -= ids.size
                     frontier = min(frontier, self._admit(ids, rows, -1, budget, pending))
                     bar.update(ids.size)
                     bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}", refresh=False)
@@ -317,20 +641,35 @@ class SeekIndex:
         """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
         return self.quantizer.step_buckets(np.minimum(rows.astype(np.float64), 0.0))
 
+    def _candidates(self, parent_fb: np.ndarray, rows: np.ndarray, hi: int) -> np.ndarray:
+        """bool[b, V]: the cells whose child bucket may be ``<= hi + 1``, by a float32 compare.
+
+        A step fits a remaining budget ``R`` only if its log-prob exceeds ``-(R + 1) / scale * ln 2``;
+        the threshold for ``R + 1`` (to see the first bucket beyond too), lowered a little more
+        against float32 rounding, keeps every such cell (and a few more, bucketed exactly later)."""
+        thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
+        thr = np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
+        return rows >= thr[:, None]
+
     def _admit(self, ids, rows, lo: int, hi: int, pending) -> int:
         """Append the children of nodes ``ids`` (next-token rows ``rows: float32[b, V]``) whose
         bucket lies in ``(lo, hi]``, in row-major order (by parent, then token); queue the live ones
         in ``pending`` by depth. Returns the smallest bucket of a finite child beyond ``hi``.
 
-        Only cells that can fit are bucketed exactly: a step fits a remaining budget ``R`` only if
-        its log-prob exceeds ``-(R + 1) / scale * ln 2``, so a float32 compare against a slightly
-        lower threshold (for ``R + 1``, to see the first bucket beyond too) picks the candidates.
-        When no candidate lands in bucket ``hi + 1``, the best cell left out gives the frontier."""
+        Rows go in blocks of about ``CELL_BLOCK`` cells, so the temporaries stay small; each block's
+        children are checked against the limits before they are added."""
+        frontier = NO_BUCKET
+        per = max(1, CELL_BLOCK // max(rows.shape[1], 1))
+        for s in range(0, ids.size, per):
+            frontier = min(frontier, self._admit_block(ids[s : s + per], rows[s : s + per], lo, hi, pending))
+        return frontier
+
+    def _admit_block(self, ids, rows, lo: int, hi: int, pending) -> int:
+        """:meth:`_admit` for one block. Only cells that can fit are bucketed exactly; when no
+        candidate lands in bucket ``hi + 1``, the best cell left out gives the frontier."""
         nd = self._nodes
         parent_fb = nd.fb[ids]
-        thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
-        thr = np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
-        cand = rows >= thr[:, None]
+        cand = self._candidates(parent_fb, rows, hi)
         r, tok = np.divmod(np.flatnonzero(cand), rows.shape[1])
         raw = rows[r, tok]
         fb = parent_fb[r] + self._step_buckets(raw)
@@ -345,13 +684,17 @@ class SeekIndex:
         if not keep.any():
             return frontier
         r, tok, raw, fb = r[keep], tok[keep], raw[keep], fb[keep]
-        # siblings in index order (likelier first, then token): a one-pass build then creates
-        # every depth already sorted, and _rank's sorts find their input in order
-        order = _sort_keys(r, _cost(raw), tok)
-        r, tok, raw, fb = r[order], tok[order], raw[order], fb[order]
         parent = ids[r]
         depth = nd.depth[parent] + 1
         terminal = depth == self.max_len if self.eos is None else tok == self.eos
+        live = ~terminal
+        self._check_room(int(r.size), int(np.count_nonzero(live)))
+        # siblings in index order (likelier first, then token): a one-pass build then creates
+        # every depth already sorted, and _rank's sorts find their input in order
+        order = _sort_keys(r, _cost(raw), tok)
+        parent, tok, raw, fb, depth, terminal, live = (
+            parent[order], tok[order], raw[order], fb[order], depth[order], terminal[order], live[order]
+        )
         new = nd.add(
             parent=parent,
             token=tok,
@@ -361,7 +704,7 @@ class SeekIndex:
             step=raw,
             terminal=terminal,
         )
-        live = ~terminal
+        self._pending += int(np.count_nonzero(live))
         d0 = int(depth[0])
         if (depth == d0).all():
             if live.any():
@@ -404,18 +747,18 @@ class SeekIndex:
             return rows
         finite = np.isfinite(rows)
         cut = np.zeros_like(finite)
-        at_limit = np.zeros_like(finite)
+        # a non-eos child at max_len has only completions longer than max_len: a length cut, even
+        # when branch_cap would drop it too (so bucket_bound(length_cuts=False) can leave it out)
+        at_limit = finite.copy() if at_max_len else np.zeros_like(finite)
+        if at_max_len and self.eos < width:
+            at_limit[:, self.eos] = False
         if capped:
             order = np.argsort(-rows, axis=1, kind="stable")[:, self.branch_cap :]
             dropped = np.zeros_like(finite)
             np.put_along_axis(dropped, order, True, axis=1)
-            dropped &= finite
-            self._dropped += self._completions(depth + 1, dropped, width)
+            dropped &= finite & ~at_limit
+            self._dropped = _add_upper(self._dropped, self._completions(depth + 1, dropped, width))
             cut |= dropped
-        if at_max_len:
-            at_limit = finite & ~cut
-            if self.eos < width:
-                at_limit[:, self.eos] = False
         self._cut_min = min(self._cut_min, self._min_bucket(ids, rows, cut))
         self._length_cut_min = min(self._length_cut_min, self._min_bucket(ids, rows, at_limit))
         cut |= at_limit
@@ -428,14 +771,32 @@ class SeekIndex:
         r, tok = np.nonzero(cells)
         return int((self._nodes.fb[ids][r] + self._step_buckets(rows[r, tok])).min())
 
-    def _completions(self, depth: int, dropped: np.ndarray, width: int) -> int:
-        """Support sequences structurally possible below the dropped children (at ``depth``)."""
+    def _completions(self, depth: int, dropped: np.ndarray, width: int) -> int | float:
+        """An upper bound on the support sequences structurally possible below the dropped children
+        (at ``depth``): exact while it stays below 2**63, else a float rounded up (inf past range)."""
         rest = self.max_len - depth
         if self.eos is None:
-            return int(dropped.sum()) * width**rest
-        n_eos = int(dropped[:, self.eos].sum()) if self.eos < width else 0
-        n_other = int(dropped.sum()) - n_eos
-        return n_eos + n_other * sum((width - 1) ** j for j in range(rest))
+            n_eos, n_other, per_other = 0, int(dropped.sum()), _upper_pow(width, rest)
+        else:
+            n_eos = int(dropped[:, self.eos].sum()) if self.eos < width else 0
+            n_other = int(dropped.sum()) - n_eos
+            # sum_{j < rest} (width - 1)**j completions below a non-eos prefix
+            per_other = _upper_geometric(width - 1, rest)
+        return _add_upper(n_eos, _mul_upper(n_other, per_other))
+
+    def _frontier_from_rows(self) -> int:
+        """The smallest bucket of a finite child beyond the budget, recomputed from the kept rows
+        (what the build passes track incrementally; used to re-check an older index file)."""
+        frontier = NO_BUCKET
+        for ids, rows in zip(self._row_ids, self._rows):
+            per = max(1, CELL_BLOCK // max(rows.shape[1], 1))
+            for s in range(0, ids.size, per):
+                block = rows[s : s + per]
+                fb = self._nodes.fb[ids[s : s + per]][:, None] + self._step_buckets(block)
+                beyond = fb[np.isfinite(block) & (fb > self._budget)]
+                if beyond.size:
+                    frontier = min(frontier, int(beyond.min()))
+        return frontier
 
     def _consolidate_rows(self) -> None:
         """Merge the kept row chunks into one block (padded to the widest with -inf)."""
@@ -444,6 +805,106 @@ class SeekIndex:
         width = max(r.shape[1] for r in self._rows)
         self._rows = [np.concatenate([_pad_width(r, width) for r in self._rows])]
         self._row_ids = [np.concatenate(self._row_ids)]
+
+    # -- growth prediction ---------------------------------------------------------------------------
+
+    def _predict(self, span: int):
+        """Predicted ``(sequences, nodes, bytes)``, float64[span] each: the index's totals if it were
+        built to budget ``self._budget + 1 + u`` for ``u`` in ``[0, span)``; None without kept rows.
+
+        Mean field: a prefix at depth ``d`` not yet expanded is assumed to have the average
+        children (by step bucket) of the kept rows at depth ``d`` (the deepest depth seen for
+        deeper ones); a DP over the depths turns that into expected descendants within any
+        remaining budget, applied to every child already seen beyond the budget."""
+        if span <= 0 or not self._row_ids:
+            return None
+        self._consolidate_rows()
+        ids, rows = self._row_ids[0], self._rows[0]
+        nd, length, base = self._nodes, self.max_len, self._budget
+        width = rows.shape[1]
+        depth = nd.depth[ids]
+        sampled = np.unique(depth).tolist()
+        per_depth = max(8, SAMPLE_CELLS // max(width * len(sampled), 1))
+        h_all, h_eos = {}, {}
+        for d in sampled:
+            where = np.flatnonzero(depth == d)
+            take = where[np.unique(np.linspace(0, where.size - 1, min(where.size, per_depth)).astype(np.int64))]
+            sb = self._step_buckets(rows[take])
+            h_all[d] = np.bincount(sb[sb < span], minlength=span).astype(np.float64) / take.size
+            if self.eos is not None and self.eos < width:
+                col = sb[:, self.eos]
+                h_eos[d] = np.bincount(col[col < span], minlength=span).astype(np.float64) / take.size
+            else:
+                h_eos[d] = np.zeros(span)
+
+        # children already seen beyond the budget, by (child depth, terminal), over u = fb - base - 1
+        seen_t: dict[int, np.ndarray] = {}
+        seen_l: dict[int, np.ndarray] = {}
+        hi = base + span
+        per = max(1, CELL_BLOCK // max(width, 1))
+        for s in range(0, ids.size, per):
+            bid, brows = ids[s : s + per], rows[s : s + per]
+            pfb = nd.fb[bid]
+            r, tok = np.divmod(np.flatnonzero(self._candidates(pfb, brows, hi)), width)
+            fb = pfb[r] + self._step_buckets(brows[r, tok])
+            inside = (fb > base) & (fb <= hi)
+            if not inside.any():
+                continue
+            r, tok, u = r[inside], tok[inside], fb[inside] - base - 1
+            child = nd.depth[bid[r]] + 1
+            term = child == length if self.eos is None else tok == self.eos
+            for c in np.unique(child).tolist():
+                at = child == c
+                for flag, into in ((True, seen_t), (False, seen_l)):
+                    m = at & (term == flag)
+                    if m.any():
+                        into[c] = into.get(c, 0) + np.bincount(u[m], minlength=span).astype(np.float64)
+
+        # DP over depths: descendants (sequences, nodes, expanded rows) of a live node at depth d
+        need = set(seen_l)
+        per_depth_dp: dict[int, tuple] = {}
+        zero = np.zeros(span)
+        e, nn, xx = zero, zero, zero
+        deepest = sampled[-1]
+        settled, interior_steps = False, 0
+        for d in range(length - 1, -1, -1):
+            src = max(x for x in sampled if x <= d)
+            h, he = h_all[src], h_eos[src]
+            if self.eos is None:
+                term = h if d + 1 == length else zero
+                live = h - term
+            else:
+                term = he
+                live = h - he if d + 1 < length else zero
+            # depths d and d + 1 share one histogram: once a step changes nothing (or after many
+            # steps, for very long models) the arrays are those of every shallower such depth
+            interior = deepest <= d <= length - 3
+            if not (interior and settled):
+                e2 = np.minimum(np.cumsum(term) + _conv_head(live, e, span), _PRED_CAP)
+                n2 = np.minimum(np.cumsum(term + live) + _conv_head(live, nn, span), _PRED_CAP)
+                x2 = np.minimum(np.cumsum(live) + _conv_head(live, xx, span), _PRED_CAP)
+                if interior:
+                    interior_steps += 1
+                    settled = interior_steps >= 256 or all(
+                        np.allclose(a, b, rtol=1e-12, atol=0) for a, b in ((e2, e), (n2, nn), (x2, xx))
+                    )
+                e, nn, xx = e2, n2, x2
+            if d in need:
+                per_depth_dp[d] = (e, nn, xx)
+
+        seqs, nodes, rows_new = np.zeros(span), np.zeros(span), np.zeros(span)
+        for c, g in seen_t.items():
+            seqs += np.cumsum(g)
+            nodes += np.cumsum(g)
+        for c, g in seen_l.items():
+            e, nn, xx = per_depth_dp[c]
+            seqs += _conv_head(g, e, span)
+            nodes += np.cumsum(g) + _conv_head(g, nn, span)
+            rows_new += np.cumsum(g) + _conv_head(g, xx, span)
+        seqs = np.minimum(len(self) + seqs, _PRED_CAP)
+        nodes = np.minimum(nd.n + nodes, _PRED_CAP)
+        nbytes = nodes * NODE_BYTES + np.minimum(self._n_rows + rows_new, _PRED_CAP) * self._row_bytes()
+        return seqs, nodes, nbytes
 
     # -- the count DP and the order ------------------------------------------------------------------
 
@@ -496,6 +957,7 @@ class SeekIndex:
             cur = self._nodes.parent[cur]
         return out
 
+    @_locked
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens int32[N, T] and lengths int32[N] of nodes ``ids`` (any depths), vectorised."""
         nd = self._nodes
@@ -514,45 +976,77 @@ class SeekIndex:
 
     def _ranks_arg(self, ranks) -> np.ndarray:
         arr = np.asarray(ranks)
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if arr.size and arr.dtype == object:  # Python ints beyond int64
+            vals = arr.reshape(-1).tolist()
+            if all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in vals):
+                if min(vals) < 0:
+                    raise IndexError(f"ranks must be >= 0, got {_show(min(vals))}")
+                raise IndexError(self._capacity_message(f"rank {_show(max(vals))}"))
+        if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
             raise ValueError(f"ranks must be integers, got dtype {arr.dtype}")
+        if arr.size and arr.dtype == np.uint64 and int(arr.max()) >= _MAX_RANK:
+            raise IndexError(self._capacity_message(f"rank {_show(int(arr.max()))}"))
         arr = arr.astype(np.int64).reshape(-1)
         if arr.size and arr.min() < 0:
             raise IndexError(f"ranks must be >= 0, got {int(arr.min())}")
         if arr.size:
-            self.ensure_count(int(arr.max()) + 1)
-            if arr.max() >= len(self):
-                raise IndexError(self._beyond_message(f"rank {int(arr.max())}"))
+            top = int(arr.max())
+            if top >= len(self) and not self.exhausted and top >= min(self._capacity(), _MAX_RANK):
+                raise IndexError(self._capacity_message(f"rank {_show(top)}"))
+            self._deepen_for_count(top + 1, f"rank {_show(top)}")
+            if top >= len(self):
+                raise IndexError(self._beyond_message(f"rank {_show(top)}"))
         return arr
+
+    def _capacity_message(self, what: str) -> str:
+        """Why a rank that no deepening could reach fails: the support ends first, or the limits."""
+        if self.exhausted:
+            return self._beyond_message(what)
+        return (
+            f"{what} is beyond what this index can ever hold: at most {self._capacity():,} sequences fit "
+            f"max_bytes={self.max_bytes:,}"
+            + ("" if self.max_nodes is None else f"/max_nodes={self.max_nodes:,}")
+            + f" ({NODE_BYTES} bytes a node); it holds {len(self):,} now"
+        )
 
     def _beyond_message(self, what: str) -> str:
         why = "the support is exhausted" if self.exhausted else f"max_depth_bits={self.max_depth_bits:g} was reached"
         return f"{what} is beyond the {len(self)} sequences indexed ({why})"
 
+    @_locked
     def unrank_batch(self, ranks) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """The sequences at ``ranks: int[N]`` and their draft log-probs ``float64[N]`` (deepens as
-        needed; IndexError for a rank beyond what exists within ``max_depth_bits``)."""
-        arr = self._ranks_arg(ranks)
+        needed; IndexError for a rank beyond what exists within ``max_depth_bits`` or beyond what
+        could ever fit ``max_bytes``; IndexLimitError if deepening to it would pass a limit)."""
+        with self._atomic():
+            arr = self._ranks_arg(ranks)
         ids = self._seq_id[arr]
         toks, lens = self.decode(ids)
         rows = toks.tolist()
         return [tuple(row[:n]) for row, n in zip(rows, lens.tolist())], self._seq_lp[arr].copy()
 
+    @_locked
     def unrank(self, i: int) -> tuple[tuple[int, ...], float]:
         """The sequence at rank ``i`` (0-based) and its draft log-prob."""
         if isinstance(i, bool) or not isinstance(i, numbers.Integral):
             raise ValueError(f"rank must be an integer, got {i!r}")
         if i < 0:
-            raise IndexError(f"rank must be >= 0, got {i}")
+            raise IndexError(f"rank must be >= 0, got {_show(i)}")
+        if i >= _MAX_RANK:
+            raise IndexError(self._capacity_message(f"rank {_show(i)}"))
         seqs, lps = self.unrank_batch(np.array([i], np.int64))
         return seqs[0], float(lps[0])
 
+    @_locked
     def slice(self, start: int, k: int) -> list[tuple[tuple[int, ...], float]]:
         """Up to ``k`` ``(sequence, draft log-prob)`` pairs from rank ``start`` on (fewer only where
         the index runs out)."""
         start = _int_arg(start, "start", minimum=0)
         k = _int_arg(k, "k", minimum=0)
-        self.ensure_count(start + k)
+        if k == 0:
+            return []
+        with self._atomic():
+            self._deepen_for_count(start + k, f"slice(start={_show(start)}, k={_show(k)})")
         stop = min(start + k, len(self))
         if stop <= start:
             return []
@@ -561,10 +1055,13 @@ class SeekIndex:
 
     def _bucket_range(self, min_log_prob: float) -> tuple[int, int]:
         """Buckets ``(sure, possible)``: every sequence with bucket <= ``sure`` has draft log-prob
-        >= ``min_log_prob``; every sequence with log-prob >= it has bucket <= ``possible``."""
-        x = -min_log_prob / LN2 * self.quantizer.scale
+        >= ``min_log_prob``; every sequence with log-prob >= it has bucket <= ``possible``.
+        Both are clamped to ``[-1, NO_BUCKET]`` (a threshold beyond every budget stays beyond)."""
+        x = min(-min_log_prob / LN2 * self.quantizer.scale, float(NO_BUCKET))
         # sum of floors > bits*scale - steps, and <= bits*scale + steps*TOL
-        return math.floor(x) - self.max_len - 1, math.floor(x + self.max_len * TOL)
+        sure = max(-1, min(math.floor(x) - self.max_len - 1, NO_BUCKET))
+        possible = max(-1, min(math.floor(x + self.max_len * TOL), NO_BUCKET))
+        return sure, possible
 
     def _threshold_arg(self, min_log_prob) -> float:
         if isinstance(min_log_prob, bool) or not isinstance(min_log_prob, numbers.Real) or math.isnan(min_log_prob):
@@ -573,21 +1070,24 @@ class SeekIndex:
             raise ValueError("min_log_prob must be finite (-inf would ask for the whole support)")
         return float(min_log_prob)
 
+    @_locked
     def count(self, min_log_prob: float) -> int:
         """The number of sequences whose draft log-prob is ``>= min_log_prob``, exact: the index is
         deepened to cover the threshold and the few buckets where bucket and score disagree are
         resolved sequence by sequence. Exact over the support unless ``branch_cap`` dropped or
-        ``max_depth_bits`` stopped short of the threshold; then it counts the indexed sequences
-        (see :meth:`count_bracket`)."""
+        ``max_depth_bits`` stopped short of the threshold (steps saturated by the quantizer
+        included); then it counts the indexed sequences (see :meth:`count_bracket`)."""
         t = self._threshold_arg(min_log_prob)
         if t > 0:
             return 0
         sure, possible = self._bucket_range(t)
-        self._ensure_budget(min(possible, self.quantizer.budget(self.max_depth_bits)))
+        with self._atomic():
+            self._deepen_to(min(possible, self._max_budget), f"count(min_log_prob={min_log_prob!r})")
         lo = int(np.searchsorted(self._seq_fb, sure, side="right"))
         hi = int(np.searchsorted(self._seq_fb, possible, side="right"))
         return lo + int(np.count_nonzero(self._seq_lp[lo:hi] >= t))
 
+    @_locked
     def count_bracket(self, min_log_prob: float) -> tuple[int, int | float]:
         """A sound ``(lo, hi)`` on the number of support sequences with draft log-prob
         ``>= min_log_prob``, from the bucket histogram alone (plus ``dropped_upper`` where drops
@@ -596,7 +1096,8 @@ class SeekIndex:
         if t > 0:
             return 0, 0
         sure, possible = self._bucket_range(t)
-        self._ensure_budget(min(possible, self.quantizer.budget(self.max_depth_bits)))
+        with self._atomic():
+            self._deepen_to(min(possible, self._max_budget), f"count_bracket(min_log_prob={min_log_prob!r})")
         lo = int(np.searchsorted(self._seq_fb, sure, side="right"))
         hi: int | float = int(np.searchsorted(self._seq_fb, possible, side="right"))
         if self._cut_min <= possible:
@@ -605,21 +1106,27 @@ class SeekIndex:
             hi = math.inf
         return lo, hi
 
+    @_locked
     def threshold(self, rank: int) -> float:
         """The ``rank``-th largest draft log-prob (1-based) over the support: ``count(threshold(r))
         >= r``. Exact unless ``branch_cap``/``max_depth_bits`` cut sequences near it."""
         rank = _int_arg(rank, "rank", minimum=1)
-        self.ensure_count(rank)
-        if len(self) < rank:
-            raise IndexError(self._beyond_message(f"threshold rank {rank} (1-based)"))
-        v = float(-np.partition(-self._seq_lp, rank - 1)[rank - 1])
-        # once every sequence scoring >= v is indexed, the rank-th largest indexed score is exact
-        _, possible = self._bucket_range(v)
-        self._ensure_budget(min(possible, self.quantizer.budget(self.max_depth_bits)))
+        request = f"threshold(rank={_show(rank)})"
+        if rank > min(self._capacity(), _MAX_RANK) and rank > len(self) and not self.exhausted:
+            raise IndexError(self._capacity_message(f"threshold rank {_show(rank)} (1-based)"))
+        with self._atomic():
+            self._deepen_for_count(rank, request)
+            if len(self) < rank:
+                raise IndexError(self._beyond_message(f"threshold rank {_show(rank)} (1-based)"))
+            v = float(-np.partition(-self._seq_lp, rank - 1)[rank - 1])
+            # once every sequence scoring >= v is indexed, the rank-th largest indexed score is exact
+            _, possible = self._bucket_range(v)
+            self._deepen_to(min(possible, self._max_budget), request)
         return float(-np.partition(-self._seq_lp, rank - 1)[rank - 1])
 
     def _structural(self, seq) -> tuple[tuple[int, ...], int]:
-        """``(seq, bucket)`` of a support sequence, from one model call; ValueError outside it."""
+        """``(seq, bucket)`` of a support sequence, from one model call; ValueError outside it. The
+        bucket is summed exactly (Python ints) and clamped below ``NO_BUCKET``."""
         try:
             seq = tuple(int(t) for t in seq)
         except (TypeError, ValueError):
@@ -629,8 +1136,10 @@ class SeekIndex:
             ok = n == self.max_len
         else:
             ok = 1 <= n <= self.max_len and seq[-1] == self.eos and self.eos not in seq[:-1]
-        if not ok or min(seq, default=0) < 0:
+        if not ok:
             raise ValueError(f"seq {seq} is not in the model's support (length/eos rule)")
+        if min(seq, default=0) < 0 or max(seq, default=0) >= 2**31 - 1:
+            raise ValueError(f"seq {seq} has a token id outside [0, 2**31 - 1)")
         prefixes = np.zeros((bucket_size(n), bucket_size(n)), np.int32)
         for j in range(n):
             prefixes[j, :j] = seq[:j]
@@ -638,20 +1147,23 @@ class SeekIndex:
         lengths[:n] = np.arange(n)
         rows = np.asarray(self.model.next_logprobs(prefixes, lengths))[:n]
         self.forwards += n
-        toks = np.asarray(seq)
+        toks = np.asarray(seq, np.int64)
         inside = toks < rows.shape[1]
         lps = np.full(n, -np.inf)
         lps[inside] = rows[np.flatnonzero(inside), toks[inside]]
         if not np.isfinite(lps).all():
             raise ValueError(f"seq {seq} has probability 0 under the model")
-        return seq, int(self.quantizer.step_buckets(np.minimum(lps, 0.0)).sum())
+        total = sum(self.quantizer.step_buckets(np.minimum(lps, 0.0)).tolist())
+        return seq, min(total, NO_BUCKET - 1)
 
+    @_locked
     def rank_bracket(self, seq) -> tuple[int, int | float]:
         """``(lo, hi)`` containing the position of ``seq`` in the index order; ``lo == hi`` when it
         is indexed. For a sequence dropped by ``branch_cap`` or beyond ``max_depth_bits`` the bracket
         spans its bucket plus what was cut (``hi`` may be ``inf``)."""
         seq, fb = self._structural(seq)
-        self._ensure_budget(min(fb, self.quantizer.budget(self.max_depth_bits)))
+        with self._atomic():
+            self._deepen_to(min(fb, self._max_budget), "rank_bracket(seq)")
         node = self._find(seq)
         if node is not None:
             pos = int(np.flatnonzero(self._seq_id == node)[0])
@@ -675,6 +1187,7 @@ class SeekIndex:
 
     # -- persistence ---------------------------------------------------------------------------------
 
+    @_locked
     def save(self, path) -> None:
         """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.io`)."""
         from jaxrescore.index.io import save_index
@@ -682,12 +1195,16 @@ class SeekIndex:
         save_index(self, path)
 
     @classmethod
-    def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096) -> "SeekIndex":
+    def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096,
+             max_nodes: int | None = None, max_bytes: int | None = None) -> "SeekIndex":
         """Read an index saved by :meth:`save` for ``model``; ValueError for a corrupted, truncated,
-        foreign-version or mismatched (model vocabulary/eos/max_len/first table) file."""
+        foreign-version or mismatched (model vocabulary/eos/max_len/first table) file, and
+        IndexLimitError for one larger than ``max_bytes``/``max_nodes`` (checked before reading its
+        arrays). The limits then apply to its deepening as in the constructor."""
         from jaxrescore.index.io import load_index
 
-        return load_index(cls, path, model, progress=progress, chunk_rows=chunk_rows)
+        return load_index(cls, path, model, progress=progress, chunk_rows=chunk_rows, max_nodes=max_nodes,
+                          max_bytes=max_bytes)
 
 
 def _cost(step: np.ndarray) -> np.ndarray:
@@ -717,3 +1234,65 @@ def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:
     out = np.full((rows.shape[0], width), -np.inf, np.float32)
     out[:, : rows.shape[1]] = rows
     return out
+
+
+def _conv_head(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` entries of the convolution of ``a`` and ``b`` (float64, non-negative), direct:
+    an FFT would bury small counts under the rounding of large ones."""
+    nz = np.flatnonzero(a[:n])
+    if nz.size == 0:
+        return np.zeros(n)
+    if nz.size <= 32:  # few distinct step buckets (a flat or peaked row): shifted sums
+        out = np.zeros(n)
+        for k in nz.tolist():
+            out[k:] += a[k] * b[: n - k]
+        return out
+    return np.convolve(a[:n], b[:n])[:n]
+
+
+# -- upper bounds on huge counts (dropped_upper): exact ints below 2**63, floats rounded up beyond --
+
+_EXACT = 1 << 63
+_UP = 1.0 + 1e-12  # relative headroom that covers float rounding of the few operations below
+
+
+def _as_upper(x: int) -> int | float:
+    if x < _EXACT:
+        return x
+    try:
+        return float(x) * _UP
+    except OverflowError:
+        return math.inf
+
+
+def _upper_pow(base: int, k: int) -> int | float:
+    if base <= 1 or k * math.log2(base) < 64:
+        return _as_upper(base**k)
+    lg = k * math.log2(base)
+    return math.inf if lg >= 1023 else 2.0**lg * _UP
+
+
+def _upper_geometric(base: int, k: int) -> int | float:
+    """An upper bound on ``sum(base**j for j in range(k))``."""
+    if k <= 0:
+        return 0
+    if base <= 1:
+        return k if base == 1 else 1
+    if k * math.log2(base) < 64:
+        return _as_upper((base**k - 1) // (base - 1))
+    lg = k * math.log2(base) - math.log2(base - 1)  # the sum is below base**k / (base - 1)
+    return math.inf if lg >= 1023 else 2.0**lg * _UP
+
+
+def _mul_upper(a: int, b: int | float) -> int | float:
+    if a == 0 or b == 0:
+        return 0
+    if isinstance(b, int):
+        return _as_upper(a * b)
+    return float(a) * b * _UP
+
+
+def _add_upper(a: int | float, b: int | float) -> int | float:
+    if isinstance(a, int) and isinstance(b, int):
+        return _as_upper(a + b)
+    return (float(a) + float(b)) * _UP
