@@ -5,7 +5,7 @@ a query returns, in one batched teacher-forcing forward; a certificate says when
 provably the target's true top-k under an assumed draft/target gap.
 """
 
-from jaxrescore.index import SeekIndex
+from jaxrescore.index import AREnvelopeIndex, SeekIndex
 from jaxrescore.models import (
     CallableModel,
     NGramLM,
@@ -26,6 +26,7 @@ from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carr
 from jaxrescore.sequences import SequenceBatch
 
 __all__ = [
+    "AREnvelopeIndex",
     "CallableModel",
     "GapCarry",
     "NGramLM",

@@ -1,0 +1,716 @@
+"""AREnvelopeIndex: approximate random access by rank, far deeper than any exact index can list.
+
+"Which sequence sits at rank 10**12?" or "how many sequences score above -30 nats?" in milliseconds,
+where an exact index (SeekIndex) would list everything above. Returned sequences and log-probs are
+exact model quantities (the float64 sum of the clipped float32 steps, as SeekIndex reports them);
+only the rank coordinate is an estimate.
+
+Envelope. Per depth ``d``, the fine-bucket histograms (the :class:`~jaxrescore.quantize.Quantizer`,
+as SeekIndex) of the next-token rows of typical length-``d`` contexts -- ancestral samples
+conditioned on not stopping, or the prefixes of ``calibration_sequences`` -- averaged into one
+envelope; depth 0 is the real root row, so it is exact. Leaves (EOS, or any token at the last
+position of a fixed-length model) are kept apart from tokens that continue. Suffix tables ``S_d[b]``
+(estimated completions of a depth-``d`` prefix with bucket ``b``) come from one truncated float64
+convolution per depth, for buckets up to ``max_depth_bits``.
+
+Order. SeekIndex's: by sequence fine bucket ``B``, then depth first, likelier tokens first (ties by
+token id). ``unrank`` descends the REAL model, one batched forward per depth for a whole batch of
+ranks, carrying for each prefix its *demand*: how many ranks of each bucket ``B`` it was given
+(float64[M], a function of the prefix alone). A prefix hands each child, bucket by bucket, the
+child's estimated count (``S_{d+1}[B - fb(child)]``; 1 at its own bucket for a leaf), rounded, in
+child order. Ranks the estimates cannot place (the envelope over-estimated this prefix at ``B``, or
+a child reached its capacity) *overflow*: in rank order they go to the children with spare
+capacity, first child first. A child's capacity is its structural number of completions (``V**rest``
+fixed-length, one for a leaf), so a child never receives more ranks than it can hold when every row
+is fully supported (no ``-inf`` log-prob: any softmax model), and then distinct ranks always give
+distinct sequences. A model with zero-probability tokens can still give a prefix more ranks than it
+has completions: those ranks are counted in ``collisions`` and a RuntimeWarning says how many
+distinct sequences the query got.
+
+Exactness. For a model whose next-token row does not depend on the prefix every estimate is the real
+count, nothing overflows, and sequences, order, counts and thresholds are exactly SeekIndex's.
+
+Soundness. The order is approximate, so there is no bucket bound (``bucket_bound is None``,
+``exact_order = False``): RescoredIndex never certifies over it under an assumed gap. ``truncated``
+turns False only after one query returned ``len(self)`` distinct sequences and that number equals
+every structurally possible sequence: the index then provably holds the whole support.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import tempfile
+import warnings
+import zipfile
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxrescore.index._envelope_descent import _Below, _buckets, _children, _LeafSplit, _Split
+from jaxrescore.quantize import LN2, TOL, Quantizer
+from jaxrescore.sequences import bucket_size
+
+FORMAT = "jaxrescore.AREnvelopeIndex"
+VERSION = 1
+MAX_RANK = 2**53  # ranks and demands are float64 integers on the host: exact below this
+RESOLVE_LIMIT = 1 << 12  # ranks count/threshold read one by one; past it they estimate in closed form
+CHECK_ROWS = 32  # calibration rows stored in a file and re-checked against the model on load
+ROW_ATOL = 1e-4
+PROGRESS_DELAY_S = 1.0
+LP_MEMO = 1 << 16  # log-probs of ranks remembered for count/threshold
+LOOKAHEAD_VOCAB = 1024  # lookahead=None reads the children's rows one step before the leaves up to this V
+
+
+def _int_arg(value, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _to_float(n: int) -> float:
+    return float(n) if n < 2**1000 else math.inf
+
+
+def _irwin_hall(n: int, x: np.ndarray) -> np.ndarray:
+    """CDF float64[...] at ``x`` of the sum of ``n`` independent uniforms on [0, 1) (normal past 12)."""
+    x = np.clip(np.asarray(x, np.float64), 0.0, float(n))
+    if n > 12:
+        return 0.5 * (1.0 + np.vectorize(math.erf)((x - n / 2) / math.sqrt(n / 6)))
+    k = np.arange(n + 1)
+    terms = (-1.0) ** k * np.array([math.comb(n, i) for i in k]) * np.maximum(x[..., None] - k, 0.0) ** n
+    return np.clip(terms.sum(axis=-1) / math.factorial(n), 0.0, 1.0)
+
+
+class AREnvelopeIndex:
+    """Per-depth mean-field envelope index over an AutoregressiveEnumerable (see the module docstring).
+
+    Args:
+      model: vocab_size, eos, max_len, ``next_logprobs(prefixes int32[B, T], lengths int32[B])``.
+      bin_width_bits, oversample: the :class:`~jaxrescore.quantize.Quantizer` (as SeekIndex's).
+      n_paths: contexts sampled per depth for the envelope (more = a sharper envelope).
+      seed: the sampling seed; the index is a deterministic function of it.
+      calibration_sequences: typical token sequences (a corpus) whose prefixes calibrate the envelope
+        instead of samples; a depth none of them reaches reuses the envelope of the depth above.
+      max_depth_bits: the deepest sequence bucket ranked; ``len(self)`` counts the estimated
+        sequences within it (at most 2**53, the float64 integers).
+      progress: tqdm bar over calibration rows: None shows it once calibration runs over a second,
+        True always, False never.
+      chunk_rows: prefixes per ``next_logprobs`` call.
+      lookahead: one step before the leaves, read the rows of every child of a prefix (one batched
+        forward of up to V rows) so the last split uses real leaves, not the envelope: a much
+        smaller rank error for ``V`` more rows per such prefix. None: on when ``vocab_size <= 1024``.
+
+    Counters: ``forwards`` (model rows evaluated, padding excluded), ``collisions`` (ranks that found
+    no slot of their own and reused a sequence; 0 for any fully supported model).
+    """
+
+    exact_order = False  # jaxrescore.rescore.draft: an approximate order offers no bound
+    bucket_bound = None
+
+    def __init__(self, model, *, bin_width_bits: float = 1.0, oversample: int = 8, n_paths: int = 64,
+                 seed: int = 0, calibration_sequences=None, max_depth_bits: float = 64.0,
+                 progress: bool | None = None, chunk_rows: int = 4096, lookahead: bool | None = None):
+        self._setup(model, Quantizer(bin_width_bits, oversample), max_depth_bits, progress, chunk_rows)
+        if lookahead is not None and not isinstance(lookahead, bool):
+            raise ValueError(f"lookahead must be None, True or False, got {lookahead!r}")
+        self.lookahead = self.vocab_size <= LOOKAHEAD_VOCAB if lookahead is None else lookahead
+        self.n_paths = _int_arg(n_paths, "n_paths", minimum=1)
+        self.seed = _int_arg(seed, "seed", minimum=0)
+        corpus = None if calibration_sequences is None else self._corpus_arg(calibration_sequences)
+        self.calibrated_on = "samples" if corpus is None else "sequences"
+        self._calibrate(corpus)
+        self._build()
+
+    def _setup(self, model, quantizer, max_depth_bits, progress, chunk_rows):
+        for attr in ("vocab_size", "eos", "max_len", "next_logprobs"):
+            if not hasattr(model, attr):
+                raise TypeError(
+                    f"model must implement AutoregressiveEnumerable (vocab_size, eos, max_len, "
+                    f"next_logprobs); {type(model).__name__} has no {attr!r}"
+                )
+        self.model = model
+        self.max_len = _int_arg(model.max_len, "model.max_len", minimum=1)
+        self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
+        self.vocab_size = _int_arg(model.vocab_size, "model.vocab_size", minimum=1)
+        self.quantizer = quantizer
+        bits = max_depth_bits
+        if isinstance(bits, bool) or not isinstance(bits, numbers.Real) or not math.isfinite(bits) or bits < 0:
+            raise ValueError(f"max_depth_bits must be a finite number of bits >= 0, got {bits!r}")
+        self.max_depth_bits = float(bits)
+        self._M = quantizer.budget(self.max_depth_bits) + 1
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"progress must be None, True or False, got {progress!r}")
+        self.progress = progress
+        self.chunk_rows = _int_arg(chunk_rows, "chunk_rows", minimum=1)
+        self.forwards = 0
+        self.collisions = 0
+        self._whole = False
+        self.lookahead = False
+        self._lp_memo: dict[int, float] = {}
+        L, V = self.max_len, self.vocab_size
+        # completions below a continuing prefix of length d: the most ranks it may ever be given
+        if self.eos is None:
+            counts = [V ** (L - d) for d in range(L + 1)]
+        else:
+            counts = [sum((V - 1) ** j for j in range(L - d)) for d in range(L + 1)]
+        self._structural = counts[0]
+        self._structural_caps = np.array([_to_float(c) for c in counts])
+
+    # -- model calls ---------------------------------------------------------------------------------
+
+    def _fetch(self, prefixes: np.ndarray, lengths: np.ndarray, bar=None) -> np.ndarray:
+        """Next-token rows float32[u, V] (clipped to <= 0) after ``prefixes: int32[u, T]`` of
+        ``lengths: int32[u]``: padded power-of-two calls of ``chunk_rows`` prefixes."""
+        out = []
+        width = bucket_size(max(int(lengths.max(initial=0)), 1))
+        for lo in range(0, lengths.size, self.chunk_rows):
+            part, plen = prefixes[lo : lo + self.chunk_rows], lengths[lo : lo + self.chunk_rows]
+            b = plen.size
+            pre = np.zeros((bucket_size(b), width), np.int32)
+            pre[:b, : part.shape[1]] = part
+            lens = np.zeros(pre.shape[0], np.int32)
+            lens[:b] = plen
+            rows = np.asarray(self.model.next_logprobs(pre, lens))
+            if rows.ndim != 2 or rows.shape[0] != pre.shape[0]:
+                raise ValueError(
+                    f"model.next_logprobs returned shape {rows.shape} for {pre.shape[0]} prefixes; expected [B, V]"
+                )
+            rows = rows[:b].astype(np.float32)
+            if np.isnan(rows).any():
+                raise ValueError("model.next_logprobs returned NaN log-probs")
+            self.forwards += b
+            if bar is not None:
+                bar.update(b)
+            out.append(np.minimum(rows, np.float32(0)))
+        w = max(r.shape[1] for r in out)
+        return np.concatenate([np.pad(r, ((0, 0), (0, w - r.shape[1])), constant_values=-np.inf) for r in out])
+
+    # -- calibration ---------------------------------------------------------------------------------
+
+    def _corpus_arg(self, seqs) -> list[tuple[int, ...]]:
+        try:
+            out = [tuple(int(t) for t in s) for s in seqs]
+        except (TypeError, ValueError):
+            raise ValueError("calibration_sequences must be a list of token-id sequences") from None
+        if not out:
+            raise ValueError("calibration_sequences must not be empty")
+        for s in out:
+            if not 1 <= len(s) <= self.max_len or min(s) < 0 or max(s) >= self.vocab_size:
+                raise ValueError(
+                    f"calibration_sequences must hold 1..{self.max_len} token ids in [0, {self.vocab_size}), "
+                    f"got {s}"
+                )
+        return out
+
+    def _calibrate(self, corpus) -> None:
+        """Envelope per depth: ``_body[d]`` (continuing tokens) and ``_eosh[d]`` (eos), float64[M]
+        bucket histograms averaged over the contexts; ``_n_body``/``_n_eos``: their average sizes."""
+        L, M = self.max_len, self._M
+        self._body, self._eosh = np.zeros((L, M)), np.zeros((L, M))
+        self._n_body, self._n_eos = np.zeros(L), np.zeros(L)
+        self._checks: list[tuple[np.ndarray, np.ndarray]] = []
+        with tqdm(unit="rows", desc="AREnvelopeIndex calibration", disable=self.progress is False,
+                  delay=0 if self.progress else PROGRESS_DELAY_S, leave=False) as bar:
+            root = self._fetch(np.zeros((1, 0), np.int32), np.zeros(1, np.int32), bar)
+            self._root_row = root[0]
+            self._accumulate(0, np.zeros((1, 0), np.int32), root, np.ones(1))
+            if corpus is not None:
+                self._calibrate_corpus(corpus, bar)
+            else:
+                self._calibrate_samples(root, bar)
+
+    def _calibrate_samples(self, root: np.ndarray, bar) -> None:
+        rng = np.random.default_rng(self.seed)
+        n = self.n_paths
+        paths = np.zeros((n, self.max_len), np.int32)
+        rows, inv = root, np.zeros(n, np.int64)
+        for d in range(1, self.max_len):
+            p = np.exp(rows[inv].astype(np.float64))
+            if self.eos is not None:
+                p[:, self.eos] = 0.0  # a context must reach depth d: sample it given no stop
+            cdf = np.cumsum(p, axis=1)
+            alive = cdf[:, -1] > 0
+            if not alive.any():
+                return  # no context continues: deeper envelopes stay empty
+            tok = (cdf < (rng.random(n) * cdf[:, -1])[:, None]).sum(axis=1)
+            tok = np.minimum(tok, p.shape[1] - 1)
+            stuck = np.flatnonzero(~alive)  # a context with no continuation: restart from a live one
+            src = np.flatnonzero(alive)[rng.integers(0, alive.sum(), stuck.size)]
+            paths[stuck], tok[stuck] = paths[src], tok[src]
+            paths[:, d - 1] = tok
+            uniq, inv, counts = np.unique(paths[:, :d], axis=0, return_inverse=True, return_counts=True)
+            inv = inv.reshape(-1)
+            rows = self._fetch(uniq, np.full(uniq.shape[0], d, np.int32), bar)
+            self._accumulate(d, uniq, rows, counts)
+
+    def _calibrate_corpus(self, corpus, bar) -> None:
+        for d in range(1, self.max_len):
+            ctx = [s[:d] for s in corpus if len(s) >= d and (self.eos is None or self.eos not in s[:d])]
+            if not ctx:  # no sequence reaches depth d: reuse the envelope above
+                self._body[d], self._eosh[d] = self._body[d - 1], self._eosh[d - 1]
+                self._n_body[d], self._n_eos[d] = self._n_body[d - 1], self._n_eos[d - 1]
+                continue
+            uniq, counts = np.unique(np.array(ctx, np.int32).reshape(len(ctx), d), axis=0, return_counts=True)
+            self._accumulate(d, uniq, self._fetch(uniq, np.full(uniq.shape[0], d, np.int32), bar), counts)
+
+    def _accumulate(self, d: int, prefixes: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Depth ``d``'s envelope from the rows float32[u, V] of ``u`` distinct contexts seen
+        ``counts`` times each (integer weights, divided once: identical rows average exactly)."""
+        M, total = self._M, float(counts.sum())
+        finite = np.isfinite(rows)
+        is_eos = np.zeros(rows.shape[1], bool)
+        if self.eos is not None and self.eos < rows.shape[1]:
+            is_eos[self.eos] = True
+        sb = np.minimum(_buckets(self.quantizer, np.where(finite, rows, 0.0).astype(np.float64)), M)
+        w = np.broadcast_to(counts.astype(np.float64)[:, None], rows.shape)
+        for mask, hist, size in ((finite & ~is_eos, self._body, self._n_body), (finite & is_eos, self._eosh, self._n_eos)):
+            hist[d] = np.bincount(sb[mask], weights=w[mask], minlength=M + 1)[:M] / total
+            size[d] = float(w[mask].sum()) / total
+        per_depth = max(1, CHECK_ROWS // self.max_len)
+        for i in range(min(per_depth, rows.shape[0])):
+            self._checks.append((prefixes[i].astype(np.int32), rows[i]))
+
+    def _build(self) -> None:
+        """Suffix tables ``_suffix[d]: float64[M]`` and the rank space ``_cum`` (ranks in buckets
+        <= b, float64[M]); ``_root_demand`` is its per-bucket difference."""
+        L, M = self.max_len, self._M
+        inner, leaf = self._body.copy(), self._eosh.copy()
+        if self.eos is None:
+            inner[L - 1], leaf[L - 1] = 0.0, self._body[L - 1]
+        else:
+            inner[L - 1] = 0.0  # only eos fits at max_len
+        suffix = np.zeros((L, M))
+        suffix[L - 1] = leaf[L - 1]
+        for d in range(L - 2, -1, -1):
+            suffix[d] = leaf[d] + np.convolve(inner[d], suffix[d + 1])[:M]
+        self._suffix = suffix
+        self._cum = np.floor(np.cumsum(suffix[0]) + 0.5)
+        self._root_demand = np.diff(self._cum, prepend=0.0)
+        n_inner, n_leaf = self._n_body.copy(), self._n_eos.copy()
+        if self.eos is None:
+            n_inner[L - 1], n_leaf[L - 1] = 0.0, self._n_body[L - 1]
+        else:
+            n_inner[L - 1] = 0.0
+        est = np.zeros(L + 1)  # estimated completions below a continuing prefix of length d
+        with np.errstate(over="ignore", invalid="ignore"):
+            for d in range(L - 1, -1, -1):
+                est[d] = n_leaf[d] + n_inner[d] * est[d + 1]
+        self._total = float(est[0])
+        # A child is never handed more ranks than its capacity: the structural count, or the
+        # envelope's estimate where rows have zero-probability tokens (equal for full support).
+        self._caps = np.minimum(self._structural_caps, np.maximum(np.floor(est * (1 + 1e-12) + 1e-9), 1.0))
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Ranks available: the estimated sequences within ``max_depth_bits`` (at most 2**53)."""
+        return int(min(self._cum[-1], MAX_RANK))
+
+    @property
+    def total(self) -> float:
+        """Estimated number of sequences in the whole support, any depth (exact for a model whose
+        rows do not depend on the prefix; ``inf`` past the float64 range)."""
+        return self._total
+
+    @property
+    def truncated(self) -> bool:
+        """False only once the index has provably returned the whole support: one query gave
+        ``len(self)`` distinct sequences and that is every structurally possible sequence."""
+        return not self._whole
+
+    @property
+    def exhausted(self) -> bool:
+        return self._whole
+
+    # -- unrank: descend the real model --------------------------------------------------------------
+
+    def _descend(self, ranks: np.ndarray):
+        """Tokens int32[N, L], lengths int32[N], log-probs float64[N], collided bool[N], dead bool[N]
+        (a prefix with no continuation was reached) of ``ranks: int64[N]`` (all in range), and
+        whether a terminating model could continue past ``max_len`` at a prefix met (a length cut)."""
+        n, L = ranks.size, self.max_len
+        rk = ranks.astype(np.float64)
+        b = np.searchsorted(self._cum, rk, side="right")
+        o = rk - (self._cum - self._root_demand)[b]
+        toks, lens = np.zeros((n, L), np.int32), np.zeros(n, np.int32)
+        lps, coll, dead = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+        node = np.zeros(n, np.int64)
+        demands, fbs, cached = [self._root_demand], [0], [None]
+        live, cut = np.arange(n), False
+        for d in range(L):
+            if live.size == 0:
+                break
+            live = live[np.argsort(node[live], kind="stable")]
+            ids, starts = np.unique(node[live], return_index=True)
+            if all(cached[k] is not None for k in ids):
+                rows = np.stack([cached[k] for k in ids])
+            else:
+                rows = self._fetch(toks[live[starts], :d], np.full(ids.size, d, np.int32))
+            if self.eos is not None and d == L - 1:
+                cut = bool(np.isfinite(np.delete(rows, self.eos, axis=1)).any())
+            below = self._lookahead(d, toks[live[starts], :d], rows) if self.lookahead and d == L - 2 else None
+            edges = np.append(starts, live.size)
+            new_demands, new_fbs, new_cached, new_live = [], [], [], []
+            for i, k in enumerate(ids):
+                qi = live[edges[i] : edges[i + 1]]
+                kids = None if below is None else below[i]
+                sp = _Split(self, d, rows[i], demands[k], fbs[k], extra=np.unique(b[qi]),
+                            below=None if kids is None else kids[0])
+                if sp.n == 0:
+                    dead[qi] = True
+                    continue
+                if sp.leaf.all():
+                    sp = _LeafSplit(sp, demands[k])
+                child, b[qi], o[qi], c = sp.route(b[qi], o[qi])
+                coll[qi] |= c
+                toks[qi, d] = sp.tok[child]
+                lps[qi] += sp.steps[child]
+                leaf = sp.leaf[child]
+                lens[qi[leaf]] = d + 1
+                cont, cch = qi[~leaf], child[~leaf]
+                srt = np.argsort(cch, kind="stable")
+                cont, cch = cont[srt], cch[srt]
+                uc, ustart = np.unique(cch, return_index=True)
+                for c_id, lo, hi in zip(uc.tolist(), ustart.tolist(), ustart[1:].tolist() + [cch.size]):
+                    node[cont[lo:hi]] = len(new_demands)
+                    new_demands.append(sp.child_demand(int(c_id)))
+                    new_fbs.append(int(sp.cfb[c_id]))
+                    new_cached.append(None if kids is None else kids[1][c_id])
+                    new_live.append(cont[lo:hi])
+            demands, fbs, cached = new_demands, new_fbs, new_cached
+            live = np.concatenate(new_live) if new_live else np.zeros(0, np.int64)
+        return toks, lens, lps, coll, dead, cut
+
+    def _lookahead(self, d: int, prefixes: np.ndarray, rows: np.ndarray):
+        """For each depth-``d`` prefix (``prefixes: int32[u, d]``, rows ``float32[u, V]``), the
+        exact completions of its children (a ``_Below``) and their rows: one batched forward."""
+        kids = [_children(self, d, row) for row in rows]
+        pre = [np.c_[np.repeat(p[None, :], t.size, axis=0), t] for p, (t, _, _) in zip(prefixes, kids)]
+        flat = np.concatenate(pre).astype(np.int32) if pre else np.zeros((0, d + 1), np.int32)
+        below = self._fetch(flat, np.full(flat.shape[0], d + 1, np.int32)) if flat.size else None
+        out, at = [], 0
+        for t, _, _ in kids:
+            part = below[at : at + t.size] if t.size else np.zeros((0, 1), np.float32)
+            out.append((_Below(self, d + 1, part), part))
+            at += t.size
+        return out
+
+    def _unrank(self, ranks: np.ndarray, *, warn: bool):
+        """Sequences (tuples) and log-probs float64[N] of valid ``ranks: int64[N]``. A rank whose
+        descent meets a prefix with no continuation takes an earlier rank's sequence (a collision)."""
+        saved = (self.forwards, self.collisions)
+        try:
+            toks, lens, lps, coll, dead, cut = self._descend(ranks)
+            pending, tries, step = np.flatnonzero(dead), ranks.copy(), 1
+            while pending.size:
+                if (tries[pending] == 0).all() and step > 1:
+                    raise RuntimeError(
+                        "the envelope descent found no sequence: the model has prefixes with no "
+                        f"continuation within max_len={self.max_len}"
+                    )
+                tries[pending] = np.maximum(tries[pending] - step, 0)
+                t2, l2, lp2, _, d2, _ = self._descend(tries[pending])
+                toks[pending], lens[pending], lps[pending] = t2, l2, lp2
+                coll[pending] = True
+                pending, step = pending[d2], 2 * step
+        except BaseException:
+            self.forwards, self.collisions = saved
+            raise
+        self.collisions += int(coll.sum())
+        seqs = [tuple(row[:k]) for row, k in zip(toks.tolist(), lens.tolist())]
+        if warn:
+            distinct, asked = len(set(seqs)), np.unique(ranks).size
+            if distinct < asked:
+                warnings.warn(
+                    f"AREnvelopeIndex: {asked} distinct ranks gave {distinct} distinct sequences (the "
+                    "model has zero-probability tokens the envelope could not foresee)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            if (not self._whole and not cut and distinct == asked == len(self) == self._structural
+                    and ranks.min() == 0 and ranks.max() == asked - 1):
+                self._whole = True  # every possible sequence, each once, none cut: the whole support
+        return seqs, lps
+
+    def _ranks_arg(self, ranks) -> np.ndarray:
+        arr = np.asarray(ranks)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"ranks must be integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64).reshape(-1)
+        if arr.size and arr.min() < 0:
+            raise IndexError(f"ranks must be >= 0, got {int(arr.min())}")
+        if arr.size and arr.max() >= len(self):
+            raise IndexError(
+                f"rank {int(arr.max())} is beyond the {len(self)} sequences estimated within "
+                f"max_depth_bits={self.max_depth_bits:g}"
+            )
+        return arr
+
+    def unrank_batch(self, ranks) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """The sequences at ``ranks: int[N]`` (estimated ranks) and their exact log-probs
+        ``float64[N]``; one batched forward per depth. IndexError beyond ``len(self)``."""
+        arr = self._ranks_arg(ranks)
+        if arr.size == 0:
+            return [], np.zeros(0)
+        return self._unrank(arr, warn=True)
+
+    def unrank(self, i: int) -> tuple[tuple[int, ...], float]:
+        """The sequence at (estimated) rank ``i``, 0-based, and its exact log-prob."""
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise ValueError(f"rank must be an integer, got {i!r}")
+        if i < 0:
+            raise IndexError(f"rank must be >= 0, got {i}")
+        seqs, lps = self.unrank_batch(np.array([i], np.int64))
+        return seqs[0], float(lps[0])
+
+    def slice(self, start: int, k: int) -> list[tuple[tuple[int, ...], float]]:
+        """Up to ``k`` ``(sequence, log_prob)`` pairs from rank ``start`` on (fewer only where the
+        ranks run out)."""
+        start = _int_arg(start, "start", minimum=0)
+        k = _int_arg(k, "k", minimum=0)
+        stop = min(start + k, len(self))
+        if stop <= start:
+            return []
+        seqs, lps = self.unrank_batch(np.arange(start, stop, dtype=np.int64))
+        return list(zip(seqs, lps.tolist()))
+
+    # -- counts and thresholds -----------------------------------------------------------------------
+
+    def _before(self, b: int) -> float:
+        """Ranks in buckets < b."""
+        return float(self._cum[b - 1]) if b > 0 else 0.0
+
+    def _region_lps(self, lo: float, hi: float) -> np.ndarray | None:
+        """Log-probs of ranks ``[lo, hi)`` read one by one (remembered: neighbouring counts and
+        thresholds share them), or None past ``RESOLVE_LIMIT`` of them."""
+        if hi - lo > RESOLVE_LIMIT:
+            return None
+        ranks = np.arange(int(lo), int(hi), dtype=np.int64)
+        missing = np.array([r for r in ranks.tolist() if r not in self._lp_memo], np.int64)
+        if missing.size:
+            if len(self._lp_memo) > LP_MEMO:
+                self._lp_memo.clear()
+            self._lp_memo.update(zip(missing.tolist(), self._unrank(missing, warn=False)[1].tolist()))
+        return np.array([self._lp_memo[r] for r in ranks.tolist()])
+
+    def _mean_field_count(self, x: float) -> float:
+        """Ranks whose sequences are estimated to have ``-log2 p * scale <= x``: a sequence of ``n``
+        steps in bucket ``b`` sits at ``b + F``, ``F`` the sum of its steps' fractional parts, taken
+        as ``n = max_len`` independent uniforms (Irwin-Hall)."""
+        return float(self._root_demand @ _irwin_hall(self.max_len, x - np.arange(self._M)))
+
+    def _threshold_arg(self, t) -> float:
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t):
+            raise ValueError(f"min_log_prob must be a number, got {t!r}")
+        if t == -math.inf:
+            raise ValueError("min_log_prob must be finite (-inf would ask for the whole support)")
+        return float(t)
+
+    def count(self, min_log_prob: float) -> int:
+        """Estimated number of sequences with log-prob ``>= min_log_prob`` within ``max_depth_bits``.
+
+        Buckets that surely clear the threshold count whole; the few where bucket and score disagree
+        are read sequence by sequence when they hold at most ``RESOLVE_LIMIT`` ranks (exact for a
+        model whose rows do not depend on the prefix, as SeekIndex.count), else estimated in
+        closed form (``_mean_field_count``)."""
+        t = self._threshold_arg(min_log_prob)
+        if t > 0:
+            return 0
+        x = -t / LN2 * self.quantizer.scale
+        # a sum of n per-step floors lies in (bits*scale - n, bits*scale + n*TOL]
+        sure = min(math.floor(x) - self.max_len - 1, self._M - 1)
+        possible = min(math.floor(x + self.max_len * TOL), self._M - 1)
+        lo = self._cum[sure] if sure >= 0 else 0.0
+        lps = self._region_lps(lo, self._cum[possible] if possible >= 0 else 0.0)
+        if lps is None:
+            return int(round(self._mean_field_count(x)))
+        return int(lo) + int(np.count_nonzero(lps >= t))
+
+    def threshold(self, rank: int) -> float:
+        """Estimated ``rank``-th largest log-prob (1-based) within ``max_depth_bits``.
+
+        It lies within ``max_len + 1`` buckets of the bucket of rank ``rank - 1`` (bucket and score
+        differ by under a step per token), so it is the right order statistic of the ranks within
+        ``2 * max_len + 2`` buckets of it: read one by one when they are at most ``RESOLVE_LIMIT``
+        (exact for a model whose rows do not depend on the prefix), else the inverse of the
+        closed-form estimate of :meth:`count`."""
+        rank = _int_arg(rank, "rank", minimum=1)
+        if rank > len(self):
+            raise IndexError(f"threshold rank {rank} (1-based) is beyond the {len(self)} ranks estimated")
+        b = int(np.searchsorted(self._cum, rank - 1, side="right"))
+        span = 2 * self.max_len + 2
+        lo = self._before(max(b - span, 0))
+        lps = self._region_lps(lo, self._cum[min(b + span, self._M - 1)])
+        if lps is not None:
+            return float(np.sort(lps)[::-1][rank - int(lo) - 1])
+        x_lo, x_hi = 0.0, float(self._M + self.max_len)
+        for _ in range(60):  # bisection: the estimate is monotone in x
+            mid = 0.5 * (x_lo + x_hi)
+            x_lo, x_hi = (mid, x_hi) if self._mean_field_count(mid) < rank else (x_lo, mid)
+        return -x_hi / self.quantizer.scale * LN2
+
+    # -- rank of a given sequence --------------------------------------------------------------------
+
+    def _seq_arg(self, seq) -> tuple[int, ...]:
+        try:
+            seq = tuple(int(t) for t in seq)
+        except (TypeError, ValueError):
+            raise ValueError(f"seq must be a sequence of token ids, got {seq!r}") from None
+        n = len(seq)
+        if self.eos is None:
+            ok = n == self.max_len
+        else:
+            ok = 1 <= n <= self.max_len and seq[-1] == self.eos and self.eos not in seq[:-1]
+        if not ok or min(seq, default=0) < 0 or max(seq, default=0) >= self.vocab_size:
+            raise ValueError(f"seq {seq} is not in the model's support (length/eos rule, token ids)")
+        return seq
+
+    def rank_bracket(self, seq) -> tuple[int, int | float]:
+        """An ESTIMATE of the rank of ``seq``: ``(r, r)`` when the index places ``seq`` at rank ``r``
+        (``unrank(r) == seq``; for a model whose rows do not depend on the prefix that is its exact
+        SeekIndex rank), else the estimated rank span of its bucket (``(len, inf)`` beyond
+        ``max_depth_bits``). One batched forward over its prefixes."""
+        seq = self._seq_arg(seq)
+        n = len(seq)
+        pre = np.zeros((n, n), np.int32)
+        for j in range(n):
+            pre[j, :j] = seq[:j]
+        rows = self._fetch(pre, np.arange(n, dtype=np.int32))
+        steps = rows[np.arange(n), np.minimum(seq, rows.shape[1] - 1)].astype(np.float64)
+        if np.any(np.asarray(seq) >= rows.shape[1]) or not np.isfinite(steps).all():
+            raise ValueError(f"seq {seq} has probability 0 under the model")
+        fb = int(_buckets(self.quantizer, steps).sum())
+        demand, at, path = self._root_demand, 0, []
+        for d in range(n):
+            below = None
+            if self.lookahead and d == self.max_len - 2:
+                below = self._lookahead(d, np.array([seq[:d]], np.int32).reshape(1, d), rows[d][None])[0][0]
+            sp = _Split(self, d, rows[d], demand, at, below=below)
+            c = int(np.flatnonzero(sp.tok == seq[d])[0])
+            if sp.leaf.all():
+                sp = _LeafSplit(sp, demand)
+            path.append((sp, c))
+            if not sp.leaf[c]:
+                demand, at = sp.child_demand(c), int(sp.cfb[c])
+        sp, c = path[-1]
+        if isinstance(sp, _LeafSplit):
+            pos, path = sp.held(c), path[:-1]
+        else:
+            held = np.flatnonzero(sp.child_demand(c) >= 1)
+            pos = (int(held[0]), 0.0) if held.size else None
+        for sp, c in reversed(path):
+            if pos is None:
+                break
+            pos = sp.invert(c, *pos)
+        if pos is not None:
+            r = int(self._before(pos[0]) + pos[1])
+            return r, r
+        if fb >= self._M:
+            return len(self), math.inf
+        lo = int(self._before(fb))
+        return lo, max(lo, int(self._cum[fb]) - 1)
+
+    # -- persistence ---------------------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        """Write the index to ``path`` atomically: one versioned ``.npz`` (JSON header, envelope
+        arrays, calibration rows for the load check) with a SHA-256 checksum; temp file, then
+        ``os.replace``."""
+        path = os.fspath(path)
+        L = self.max_len
+        ctx = np.zeros((len(self._checks), L), np.int32)
+        for i, (p, _) in enumerate(self._checks):
+            ctx[i, : p.size] = p
+        width = max(r.size for _, r in self._checks)
+        arrays = {
+            "body": self._body, "eos": self._eosh, "n_body": self._n_body, "n_eos": self._n_eos,
+            "check_tokens": ctx,
+            "check_lengths": np.array([p.size for p, _ in self._checks], np.int32),
+            "check_rows": np.array([np.pad(r, (0, width - r.size), constant_values=-np.inf) for _, r in self._checks]),
+        }
+        header = {
+            "format": FORMAT, "version": VERSION,
+            "quantizer": [self.quantizer.bin_width_bits, self.quantizer.oversample],
+            "model": {"vocab_size": self.vocab_size, "eos": self.eos, "max_len": self.max_len},
+            "n_paths": self.n_paths, "seed": self.seed, "max_depth_bits": self.max_depth_bits,
+            "calibrated_on": self.calibrated_on, "forwards": self.forwards, "lookahead": self.lookahead,
+        }
+        header["checksum"] = _checksum(header, arrays)
+        fd, tmp = tempfile.mkstemp(prefix=".envelope-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096) -> "AREnvelopeIndex":
+        """Read an index saved by :meth:`save` for ``model``. FileNotFoundError for a missing file;
+        ValueError naming the file for an unreadable, truncated, foreign-format, other-version or
+        tampered one, or one built for a model with another vocab_size/eos/max_len or other
+        next-token rows at the stored calibration contexts (re-evaluated in one model call)."""
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no AREnvelopeIndex file at {path}")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            header = json.loads(arrays.pop("header").tobytes().decode())
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not a readable AREnvelopeIndex file (corrupted or truncated): {e}") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            got = header.get("format") if isinstance(header, dict) else None
+            raise ValueError(f"{path} is not an AREnvelopeIndex file (format {got!r})")
+        if header.get("version") != VERSION:
+            raise ValueError(f"{path} has AREnvelopeIndex format version {header.get('version')!r}; this reads {VERSION}")
+        if header.pop("checksum", None) != _checksum(header, arrays):
+            raise ValueError(f"{path} failed its checksum: the file is corrupted")
+        ix = cls.__new__(cls)
+        try:
+            ix._setup(model, Quantizer(*header["quantizer"]), header["max_depth_bits"], progress, chunk_rows)
+            for key, saved in header["model"].items():
+                if getattr(ix, key) != saved:
+                    raise ValueError(
+                        f"{path} was built for a model with {key}={saved!r}, this model has {getattr(ix, key)!r}"
+                    )
+            ix.n_paths, ix.seed, ix.calibrated_on = header["n_paths"], header["seed"], header["calibrated_on"]
+            ix.forwards, ix.lookahead = int(header["forwards"]), bool(header["lookahead"])
+            ix._body, ix._eosh = arrays["body"], arrays["eos"]
+            ix._n_body, ix._n_eos = arrays["n_body"], arrays["n_eos"]
+            shape = (ix.max_len, ix._M)
+            if ix._body.shape != shape or ix._eosh.shape != shape or ix._n_body.shape != shape[:1]:
+                raise KeyError(f"envelope arrays of shape {ix._body.shape}, expected {shape}")
+            lens, toks, saved_rows = arrays["check_lengths"], arrays["check_tokens"], arrays["check_rows"]
+            ix._checks = [(toks[i, : lens[i]], saved_rows[i]) for i in range(lens.size)]
+        except (KeyError, TypeError, IndexError) as e:
+            raise ValueError(f"{path} is an inconsistent AREnvelopeIndex file: {e!r}") from None
+        before = ix.forwards
+        now = ix._fetch(toks, lens).astype(np.float64)
+        ix.forwards = before
+        w = min(now.shape[1], saved_rows.shape[1])
+        a, b = now[:, :w], saved_rows[:, :w].astype(np.float64)
+        same = np.array_equal(np.isfinite(a), np.isfinite(b)) and np.allclose(
+            a[np.isfinite(a)], b[np.isfinite(b)], rtol=0, atol=ROW_ATOL)
+        if not same:
+            raise ValueError(f"{path} was built for a different model: its next-token rows at the stored contexts differ")
+        ix._root_row = saved_rows[0]
+        ix._build()
+        return ix
+
+
+def _checksum(header: dict, arrays: dict) -> str:
+    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
