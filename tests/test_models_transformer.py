@@ -64,8 +64,13 @@ def test_bad_config_and_input():
     m = tiny()
     with pytest.raises(ValueError, match="tokens must lie"):
         m.score_sequences([(1, 9, 0)])
+    # Longer than max_len: outside the support, -inf (issue 10 item 9); still range-checked.
+    got = m.score_sequences([(1,) * 7, (1, 0)])
+    assert got[0] == -np.inf and np.isfinite(got[1])
+    with pytest.raises(ValueError, match="tokens must lie"):
+        m.score_sequences([(1,) * 6 + (9,)])
     with pytest.raises(ValueError, match="max_len"):
-        m.score_sequences([(1,) * 7])
+        m.score_frontier([(1,) * 7], top_m=2)  # score_frontier keeps its contract: rows fit
     with pytest.raises(ValueError, match="skip"):
         m.score_sequences([(1, 0)], skip=[1, 2])
     with pytest.raises(TypeError, match="mesh"):

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrescore.models.base import check_int, check_support
 from jaxrescore.models.frontier import FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size, checked_batch
@@ -83,9 +84,10 @@ def check_mesh(mesh) -> Mesh | None:
     return mesh
 
 
-def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int, what: str = "seqs") -> None:
-    """ValueError unless every real token lies in ``[0, vocab_size)`` and every length <= max_len."""
-    if batch.size and int(batch.lengths.max()) > max_len:
+def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int | None, what: str = "seqs") -> None:
+    """ValueError unless every real token lies in ``[0, vocab_size)`` and every length <= max_len
+    (``max_len=None``: any length)."""
+    if max_len is not None and batch.size and int(batch.lengths.max()) > max_len:
         i = int(np.argmax(batch.lengths))
         raise ValueError(
             f"{what}[{i}] has length {int(batch.lengths[i])} > max_len={max_len}"
@@ -143,6 +145,9 @@ class DeviceBatched(PromptableMixin):
 
     # Nats a score may move between forwards (see jaxrescore.models.frontier).
     score_tolerance = FLOAT32_TOLERANCE
+    # Token strings (token id i reads as vocabulary[i]) when the model carries them (set by
+    # load_model from the file, or by the user; see jaxrescore.models.base.check_vocabulary).
+    vocabulary: tuple[str, ...] | None = None
 
     # Tokens per device per call. On CPU a chunk whose activations stay in cache is ~3x faster
     # than a 256-row chunk (benchmarks/bench_throughput.py); accelerators want big chunks.
@@ -155,19 +160,33 @@ class DeviceBatched(PromptableMixin):
     def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
         """``float64[N]`` log-probs of whole sequences, EOS step included, padding masked.
 
+        A sequence longer than ``max_len`` lies outside the support and scores ``-inf`` (a target
+        shorter than its draft is asked about the draft's long sequences); it costs no forward.
+        Shorter rows are scored as given (the sum of their steps: a prefix's log-prob).
+
         Args:
-          seqs: a SequenceBatch, or a list of token sequences.
+          seqs: a SequenceBatch, or a list of token sequences (tokens in ``[0, vocab_size)``).
           skip: optional int32[N]; the first ``skip[i]`` steps of row ``i`` are left out of its
             sum (a conditioning prompt), so several prompts' candidates share one call.
         """
-        batch, lps = self.step_logprobs(seqs)
+        batch = as_sequence_batch(seqs)
+        long = batch.lengths > self.max_len
+        if long.any():
+            check_tokens(batch, self.vocab_size, None)
+            # Long rows ride along as empty rows (no steps) and are set to -inf below.
+            batch = SequenceBatch(batch.tokens, np.where(long, 0, batch.lengths).astype(np.int32))
+        batch, lps = self.step_logprobs(batch)
         mask = skip_mask(batch, skip, lps.shape[1])
-        return np.where(mask, lps.astype(np.float64), 0.0).sum(axis=1)
+        scores = np.where(mask, lps.astype(np.float64), 0.0).sum(axis=1)
+        scores[long] = -np.inf
+        return scores
 
     def score_frontier(self, seqs, *, top_m: int, skip=None) -> FrontierScores:
         """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
         log-prob, all from ONE forward, reduced on device (see
-        :class:`~jaxrescore.models.frontier.FrontierScores`).
+        :class:`~jaxrescore.models.frontier.FrontierScores`). Every row must fit in ``max_len``
+        (a position past it has no distribution; callers cut rows there, as
+        :mod:`jaxrescore.rescore.scored` does), else ValueError.
 
         Args:
           seqs: a SequenceBatch or a list of token sequences.
@@ -200,8 +219,9 @@ class DeviceBatched(PromptableMixin):
     def _chunk(self, width: int) -> int:
         """Rows per device call for rows of ``width`` tokens: a power of two >= ``min_rows``."""
         if self.chunk_rows is not None:
-            return int(self.chunk_rows)
-        tokens = self.chunk_tokens or (2048 if jax.default_backend() == "cpu" else 65536)
+            return check_int(self.chunk_rows, "chunk_rows", minimum=1)
+        tokens = check_int(self.chunk_tokens, "chunk_tokens", minimum=1, allow_none=True)
+        tokens = tokens or (2048 if jax.default_backend() == "cpu" else 65536)
         devices = 1 if self.mesh is None else self.mesh.devices.size
         rows = max(tokens * devices // max(width, 1), self.min_rows)
         return 1 << (rows.bit_length() - 1)
@@ -253,12 +273,11 @@ class JaxLM(DeviceBatched):
     """
 
     def __init__(self, apply, params, *, vocab_size, eos, max_len, bos_id, mesh=None):
+        vocab_size, eos, max_len = check_support(vocab_size, eos, max_len, type(self).__name__)
+        self.bos_id = check_int(bos_id, "bos_id", minimum=0)
         self.apply = apply
         self.params = params
-        self.vocab_size = int(vocab_size)
-        self.eos = None if eos is None else int(eos)
-        self.max_len = int(max_len)
-        self.bos_id = int(bos_id)
+        self.vocab_size, self.eos, self.max_len = vocab_size, eos, max_len
         self.mesh = check_mesh(mesh)
         self._placed = None  # (params object, mesh, replicated params)
 

@@ -19,12 +19,14 @@ seen suffix of its context by ``np.searchsorted``, then gathers rows on the devi
 
 from __future__ import annotations
 
+import numbers
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrescore.models.base import check_int, check_support, check_weights
 from jaxrescore.models.frontier import TABLE_TOLERANCE
 from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
@@ -86,10 +88,15 @@ class NGramLM(DeviceBatched):
         self._top_m = {}  # m -> host (values float32[R, m], ids int32[R, m])
         self._keys = [np.asarray(k, np.int64) for k in context_keys]
         self._offsets = np.cumsum([0] + [k.size for k in self._keys])[:-1]
-        self.order = int(order)
-        self.vocab_size = int(vocab_size)
-        self.eos = None if eos is None else int(eos)
-        self.max_len = int(max_len)
+        self.order = check_int(order, "order", minimum=1)
+        self.vocab_size, self.eos, self.max_len = check_support(vocab_size, eos, max_len, "NGramLM")
+        if self.params.ndim != 2 or self.params.shape[1] != self.vocab_size:
+            raise ValueError(f"table must be float[R, vocab_size={self.vocab_size}], got shape {self.params.shape}")
+        if len(self._keys) != self.order or sum(k.size for k in self._keys) != self.params.shape[0]:
+            raise ValueError(
+                f"context_keys must hold {self.order} arrays (one per order) with one key per table "
+                f"row ({self.params.shape[0]}), got {len(self._keys)} arrays of {sum(k.size for k in self._keys)} keys"
+            )
         self.discounts = tuple(float(d) for d in discounts)
         self.mesh = check_mesh(mesh)
         self._placed = None
@@ -258,23 +265,25 @@ class NGramLM(DeviceBatched):
 
 
 def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights):
-    if not isinstance(order, (int, np.integer)) or order < 1:
-        raise ValueError(f"order must be an int >= 1, got {order!r}")
-    if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    order = check_int(order, "order", minimum=1)
+    vocab_size = check_int(vocab_size, "vocab_size", minimum=1)
+    eos = check_int(eos, "eos", minimum=0, maximum=vocab_size, allow_none=True)
+    max_len = check_int(max_len, "max_len", minimum=1, allow_none=True)
     if (vocab_size + 1) ** order >= 2**62:
         raise ValueError(
             f"(vocab_size + 1) ** order = {vocab_size + 1}**{order} overflows the int64 context keys"
         )
-    if eos is not None and not 0 <= eos < vocab_size:
-        raise ValueError(f"eos={eos} must be None or in [0, {vocab_size})")
-    if discount is not None and not 0.0 < float(discount) <= 1.0:
-        raise ValueError(f"discount must lie in (0, 1] or be None, got {discount!r}")
+    if discount is not None and (
+        isinstance(discount, (bool, np.bool_))
+        or not isinstance(discount, numbers.Real)
+        or not 0.0 < float(discount) <= 1.0
+    ):
+        raise ValueError(f"discount must be a number in (0, 1] or None, got {discount!r}")
     batch = as_sequence_batch(sequences)
     if batch.size == 0:
         raise ValueError("sequences is empty; fitting needs at least one sequence")
     longest = int(batch.lengths.max())
-    max_len = longest if max_len is None else int(max_len)
+    max_len = longest if max_len is None else max_len
     check_tokens(batch, vocab_size, max_len, what="sequences")
     if eos is None:
         wrong = np.flatnonzero(batch.lengths != max_len)
@@ -285,10 +294,5 @@ def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights)
             )
     else:
         check_eos_terminated(batch, eos, "sequences")
-    n = batch.size
-    w = np.ones(n) if weights is None else np.asarray(weights, np.float64).reshape(-1)
-    if w.shape != (n,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
-        raise ValueError(
-            f"weights must be {n} finite non-negative numbers, not all zero; got shape {w.shape}"
-        )
-    return batch, w, max_len
+    return batch, check_weights(weights, batch.size), max_len
+

@@ -75,23 +75,46 @@ def check_proof(scored: ScoredSet, n: int, start: int, k: int, front: Frontier |
 def completion_model(draft_index: Any, draft_model: Any, target: Any):
     """The model that completes exit prefixes: ``draft_model`` if given, else the draft index's
     own model when it has the batched protocol (``next_logprobs(prefixes, lengths)``) or the
-    reference library's per-prefix form (wrapped in a CallableModel), else None."""
+    reference library's per-prefix form (wrapped in a CallableModel), else None.
+
+    A model that is not one of this library's is checked where it enters (its protocol
+    attributes now, every row block it returns later; see :mod:`jaxrescore.models.checked`),
+    so a bad ``draft_model`` raises a ValueError naming it here. A model shorter than a target
+    that has ``next_logprobs`` is continued by the target past its ``max_len`` (completions are
+    speculation only: the target scores every one)."""
+    from jaxrescore.models.checked import ContinuedModel, checked_model
+
+    what = "draft_model" if draft_model is not None else "draft_index.model"
     model = draft_model if draft_model is not None else getattr(draft_index, "model", None)
     fn = getattr(model, "next_logprobs", None)
     if model is None or not callable(fn):
+        if draft_model is not None:
+            raise TypeError(
+                f"draft_model must have next_logprobs(prefixes, lengths) (or the per-prefix "
+                f"next_logprobs(prefix)), got {type(draft_model).__name__}"
+            )
         return None
     try:
         arity = len([p for p in inspect.signature(fn).parameters.values() if p.default is p.empty])
     except (TypeError, ValueError):
         arity = 2
     if arity >= 2 and hasattr(model, "vocab_size") and hasattr(model, "max_len"):
-        return model
-    if arity == 1:
+        model = checked_model(model, what)
+    elif arity == 1:
         from jaxrescore.models.callable import CallableModel
 
         max_len = getattr(model, "max_len", None) or getattr(target, "max_len")
-        return CallableModel(fn, max_len=int(max_len), eos=getattr(model, "eos", None))
-    return None
+        model = CallableModel(fn, max_len=max_len, eos=getattr(model, "eos", None))
+    else:
+        return None
+    target_len = getattr(target, "max_len", None)
+    if (
+        isinstance(target_len, int)
+        and callable(getattr(target, "next_logprobs", None))
+        and int(model.max_len) < target_len
+    ):
+        model = ContinuedModel(model, target)
+    return model
 
 
 def greedy_complete(model, prefixes: list, structure: Structure) -> list:
