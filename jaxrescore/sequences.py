@@ -65,40 +65,74 @@ class SequenceBatch(NamedTuple):
         return self.pad(bucket_size(n, min_rows), bucket_size(t, min_length))
 
 
+def _int_tokens(values, what: str) -> np.ndarray:
+    """``values`` as an int64 array of token ids: integers only (a float token such as ``1.5`` or
+    ``1.0`` is refused, never cast), within ``[0, 2**31)``."""
+    try:
+        arr = np.asarray(values)
+    except (OverflowError, ValueError) as err:
+        raise ValueError(f"{what} must be a sequence of integer token ids: {err}") from None
+    if arr.ndim > 1:
+        raise ValueError(f"{what} must be a flat sequence of token ids, got an array of shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64).reshape(-1)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(
+            f"{what} must hold integer token ids, got dtype {arr.dtype} "
+            f"(e.g. {arr.reshape(-1)[:3].tolist()}); floats and bools are not cast"
+        )
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{what} has a token outside [0, 2**31): {arr.reshape(-1)[:8].tolist()}")
+    return arr.astype(np.int64).reshape(-1)
+
+
 def from_tuples(seqs: Iterable[Sequence[int]], *, length: int | None = None) -> SequenceBatch:
     """Pack token sequences into a :class:`SequenceBatch` of exactly ``len(seqs)`` rows.
 
     Args:
-      seqs: sequences of non-negative ints.
+      seqs: sequences of non-negative integer token ids (Python or numpy ints; floats and bools
+        raise TypeError rather than being cast).
       length: the padded length T (default: the longest sequence, at least 1).
     """
-    rows = [np.asarray(s, dtype=np.int64).reshape(-1) for s in seqs]
+    rows = [_int_tokens(s, f"sequence {i}") for i, s in enumerate(seqs)]
     lens = np.array([r.size for r in rows], dtype=np.int32)
+    if length is not None and (isinstance(length, (bool, np.bool_)) or not isinstance(length, (int, np.integer))):
+        raise ValueError(f"length must be None or an integer, got {length!r}")
     t = int(lens.max(initial=0)) if length is None else int(length)
     t = max(t, 1)
     if lens.size and lens.max() > t:
         raise ValueError(f"length={length} is shorter than the longest sequence ({lens.max()})")
     toks = np.full((len(rows), t), PAD_ID, np.int32)
     for i, r in enumerate(rows):
-        if r.size and (r.min() < 0 or r.max() > np.iinfo(np.int32).max):
-            raise ValueError(f"sequence {i} has a token outside [0, 2**31): {r.tolist()}")
         toks[i, : r.size] = r
     return SequenceBatch(toks, lens)
 
 
 def checked_batch(tokens, lengths, *, what: str = "seqs") -> SequenceBatch:
     """``tokens: int32[N, T]`` and ``lengths: int32[N]`` (each in ``[0, T]``) as a SequenceBatch of
-    numpy arrays; a ValueError naming ``what`` otherwise."""
+    numpy arrays; a ValueError (TypeError for a non-integer dtype: float tokens are never cast)
+    naming ``what`` otherwise. Wider integer tokens are accepted when every real token fits int32."""
     toks = np.asarray(tokens)
     lens = np.asarray(lengths)
     if toks.ndim != 2 or lens.shape != (toks.shape[0],):
         raise ValueError(
             f"{what} must be tokens int32[N, T] with lengths int32[N], got shapes {toks.shape} and {lens.shape}"
         )
+    for name, arr in (("tokens", toks), ("lengths", lens)):
+        if arr.size and arr.dtype.kind not in "iu":
+            raise TypeError(f"{what} {name} must be integers, got dtype {arr.dtype}; floats and bools are not cast")
     if lens.size and (lens.min() < 0 or lens.max() > toks.shape[1]):
         raise ValueError(
             f"{what} lengths must lie in [0, {toks.shape[1]}], got range [{int(lens.min())}, {int(lens.max())}]"
         )
+    if toks.size and (toks.dtype.itemsize > 4 or toks.dtype == np.uint32):
+        # Casting would wrap a token >= 2**31 onto a small id: only padding may lie outside.
+        info = np.iinfo(np.int32)
+        if toks.min() < info.min or toks.max() > info.max:
+            real = toks[np.arange(toks.shape[1])[None, :] < lens[:, None]]
+            if real.size and (real.min() < 0 or real.max() > info.max):
+                raise ValueError(f"{what} has a token outside [0, 2**31): {real[(real < 0) | (real > info.max)][:5].tolist()}")
+            toks = np.clip(toks, info.min, info.max)
     return SequenceBatch(toks.astype(np.int32, copy=False), lens.astype(np.int32, copy=False))
 
 
@@ -108,5 +142,13 @@ def as_sequence_batch(seqs) -> SequenceBatch:
     if isinstance(seqs, SequenceBatch):
         return checked_batch(seqs.tokens, seqs.lengths, what="SequenceBatch")
     if isinstance(seqs, np.ndarray) and seqs.ndim == 2:
-        return SequenceBatch(seqs.astype(np.int32), np.full(seqs.shape[0], seqs.shape[1], np.int32))
-    return from_tuples(list(seqs))
+        return checked_batch(seqs, np.full(seqs.shape[0], seqs.shape[1], np.int32), what="seqs")
+    if isinstance(seqs, (str, bytes)):
+        raise TypeError(f"seqs must be a SequenceBatch, an int array [N, T] or a list of token sequences, got {type(seqs).__name__}")
+    try:
+        rows = list(seqs)
+    except TypeError:
+        raise TypeError(
+            f"seqs must be a SequenceBatch, an int array [N, T] or a list of token sequences, got {type(seqs).__name__}"
+        ) from None
+    return from_tuples(rows)

@@ -117,25 +117,41 @@ def test_save_load_roundtrip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.npz"]  # no temporary left behind
 
 
+def _resave(path, arrays, meta):
+    """Write a model file with edited contents and a checksum that matches them (so the check
+    under test is the one that fires, not the checksum)."""
+    from jaxrescore.models.checkpoint import _checksum
+
+    meta = {**meta, "checksum": None}
+    meta["checksum"] = _checksum(meta, arrays)
+    np.savez(path, **arrays, __meta__=np.array(json.dumps(meta)))
+
+
 def test_load_checks_config_and_shapes(tmp_path):
+    from jaxrescore.models.checkpoint import ModelFileError
+
     path = tmp_path / "m.npz"
     save_model(model(), path)
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
-    meta = json.loads(str(arrays["__meta__"]))
+    meta = json.loads(str(arrays.pop("__meta__")))
 
-    meta["config"]["d_model"] = 16
-    np.savez(tmp_path / "shape.npz", **{**arrays, "__meta__": np.array(json.dumps(meta))})
-    with pytest.raises(ValueError, match="has shape"):
+    _resave(tmp_path / "shape.npz", arrays, {**meta, "config": {**meta["config"], "d_model": 16}})
+    with pytest.raises(ModelFileError, match="shape.npz.*has shape"):
         load_model(tmp_path / "shape.npz")
 
-    del arrays["head/bias"]
-    np.savez(tmp_path / "missing.npz", **arrays)
+    edited = {**meta, "config": {**meta["config"], "d_model": 16}}
+    np.savez(tmp_path / "tampered.npz", **arrays, __meta__=np.array(json.dumps(edited)))
+    with pytest.raises(ModelFileError, match="tampered.npz.*checksum"):
+        load_model(tmp_path / "tampered.npz")
+
+    less = {k: v for k, v in arrays.items() if k != "head/bias"}
+    _resave(tmp_path / "missing.npz", less, meta)
     with pytest.raises(ValueError, match="missing weights \\['head/bias'\\]"):
         load_model(tmp_path / "missing.npz")
 
     np.savez(tmp_path / "plain.npz", x=np.zeros(2))
-    with pytest.raises(ValueError, match="not a jaxrescore model"):
+    with pytest.raises(ValueError, match="plain.npz.*not a jaxrescore model"):
         load_model(tmp_path / "plain.npz")
     with pytest.raises(TypeError, match="save_model"):
-        save_model(NGramLM.fit([(1, 0)], vocab_size=5, eos=0), tmp_path / "n.npz")
+        save_model(object(), tmp_path / "n.npz")

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrescore.models.base import check_int
 from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
 
@@ -39,13 +40,10 @@ def from_apply_fn(apply_fn, params, *, vocab_size: int, bos_id: int, max_len: in
     """
     if not callable(apply_fn):
         raise TypeError(f"apply_fn must be callable, got {type(apply_fn).__name__}")
-    for name, v in (("vocab_size", vocab_size), ("max_len", max_len)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if not isinstance(bos_id, (int, np.integer)) or bos_id < 0:
-        raise ValueError(f"bos_id must be a non-negative int, got {bos_id!r}")
-    if eos is not None and not 0 <= eos < vocab_size:
-        raise ValueError(f"eos={eos} must be None or in [0, {vocab_size})")
+    vocab_size = check_int(vocab_size, "vocab_size", minimum=1)
+    max_len = check_int(max_len, "max_len", minimum=1)
+    bos_id = check_int(bos_id, "bos_id", minimum=0)
+    eos = check_int(eos, "eos", minimum=0, maximum=vocab_size, allow_none=True)
     probe = jax.ShapeDtypeStruct((1, 2), np.int32)
     out = jax.eval_shape(apply_fn, params, probe)
     if getattr(out, "shape", None) != (1, 2, vocab_size):

@@ -65,6 +65,8 @@ class CallableModel(PromptableMixin):
       batched: whether ``fn`` takes padded batches (see the module docstring).
     """
 
+    vocabulary: tuple[str, ...] | None = None  # token strings, when the user sets them
+
     def __init__(
         self,
         fn: Callable,
@@ -76,6 +78,8 @@ class CallableModel(PromptableMixin):
     ):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if not isinstance(batched, (bool, np.bool_)):
+            raise ValueError(f"batched must be True or False, got {batched!r}")
         self.max_len = _positive_int(max_len, "max_len")
         self.eos = _positive_int(eos, "eos", allow_none=True, minimum=0)
         vocab = _positive_int(vocab_size, "vocab_size", allow_none=True)
@@ -105,10 +109,17 @@ class CallableModel(PromptableMixin):
           lengths: int32[B], each in ``[0, T]``.
         """
         prefixes, lengths = checked_batch(prefixes, lengths, what="prefixes")
-        if self.batched:
-            rows = self._batched_rows(prefixes, lengths)
-        else:
-            rows = self._per_prefix_rows(prefixes, lengths)
+        vocab = self._vocab
+        try:
+            if self.batched:
+                rows = self._batched_rows(prefixes, lengths)
+            else:
+                rows = self._per_prefix_rows(prefixes, lengths)
+        except BaseException:
+            # An inferred vocabulary may have grown on tables before the bad one: a failed call
+            # leaves the model as it was.
+            self._vocab = vocab
+            raise
         return np.minimum(rows, np.float32(0.0))
 
     def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -1,35 +1,51 @@
-"""save_model / load_model: TransformerLM weights in one ``.npz`` file.
+"""save_model / load_model: a model's weights in one checksummed ``.npz`` file.
 
-Format (version 1), a plain numpy ``.npz`` archive (readable with ``np.load`` alone):
+Format (version 2), a plain numpy ``.npz`` archive (readable with ``np.load`` alone):
 
-- ``__meta__``: a JSON string ``{"format": "jaxrescore-model", "version": 1, "kind": ...,
-  "config": {TransformerConfig fields}}``; ``kind`` is ``"TransformerLM"`` or
-  ``"Int8TransformerLM"``;
+- ``__meta__``: a JSON string ``{"format": "jaxrescore-model", "version": 2, "kind": ...,
+  "config": {...}, "vocabulary": [...] or null, "checksum": ...}``; ``kind`` is
+  ``"TransformerLM"``, ``"Int8TransformerLM"`` (config: the TransformerConfig fields) or
+  ``"NGramLM"`` (config: ``order``, ``vocab_size``, ``eos``, ``max_len``, ``discounts``);
+  ``vocabulary`` is the model's token strings (see :func:`~jaxrescore.models.base.check_vocabulary`)
+  when it carries them; ``checksum`` is a SHA-256 over the rest of the header and every array
+  (name, dtype, shape and bytes);
 - one array per weight, named by its path in the weights tree joined with ``/``
   (e.g. ``blocks/0/qkv/kernel``; an int8 twin stores ``.../kernel/q`` int8 and
-  ``.../kernel/scale`` float32).
+  ``.../kernel/scale`` float32); an NGramLM stores ``table`` (float32[R, V]) and ``keys/<k>``
+  (int64 context keys of each order ``k``).
 
-Writes are atomic (a temporary file in the same folder, then ``os.replace``). Loading rebuilds the
-model from the stored config and checks every weight's name, shape and dtype against it, raising
-ValueError on any difference, so a file never half-loads into the wrong architecture.
+Writes are atomic and leave nothing behind on failure: a temporary file in the destination
+folder, flushed and fsynced, then ``os.replace``; the temporary file is removed if anything fails.
+The same bytes are written for the same model (numpy's zip entries carry a fixed date).
+
+Loading rebuilds the model from the stored config and checks the checksum and every weight's name,
+shape and dtype against it. Anything wrong with a file — not an archive, flipped bytes, a missing
+or malformed header, an unknown kind or version, a bad config, mismatched weights — raises ONE
+:class:`ModelFileError` (a ValueError) naming the file and what is wrong, so a file never
+half-loads into the wrong architecture. A missing file raises FileNotFoundError naming it.
+
+Version 1 files (no checksum, no vocabulary; the zip's own CRC-32 still catches flipped weight
+bytes) are still read: the demo's shipped weights are one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import zipfile
 import os
 import tempfile
 
-import jax
 import numpy as np
 
-from jaxrescore.models.int8 import Int8TransformerLM, quantize_int8
-from jaxrescore.models.transformer import TransformerConfig, TransformerLM
-
 FORMAT = "jaxrescore-model"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # versions load_model reads
 META = "__meta__"
+KINDS = ("TransformerLM", "Int8TransformerLM", "NGramLM")
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be loaded; the message names the file and what is wrong."""
 
 
 def _leaf_name(path) -> str:
@@ -42,83 +58,210 @@ def _leaf_name(path) -> str:
 
 
 def _named_leaves(params) -> dict[str, np.ndarray]:
+    import jax
+
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
     return {_leaf_name(p): np.asarray(x) for p, x in flat}
 
 
-def _template(kind: str, config: TransformerConfig):
-    if kind == "TransformerLM":
-        return TransformerLM(config)
-    return quantize_int8(TransformerLM(config))
+def _checksum(meta: dict, arrays: dict) -> str:
+    """SHA-256 of the header (without its checksum) and every array's name, dtype, shape, bytes."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "checksum"}, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
-def save_model(model, path) -> None:
-    """Write ``model`` (a TransformerLM or its int8 twin) to ``path`` (see the module docstring)."""
-    if not isinstance(model, (TransformerLM, Int8TransformerLM)):
-        raise TypeError(
-            f"save_model saves TransformerLM or Int8TransformerLM, got {type(model).__name__}"
-        )
-    meta = {"format": FORMAT, "version": VERSION, "kind": type(model).__name__,
-            "config": model.config.to_dict()}
-    arrays = _named_leaves(model.params)
-    arrays[META] = np.array(json.dumps(meta))
-    path = os.fspath(path)
+def _contents(model) -> tuple[str, dict, dict]:
+    """``(kind, config, arrays)`` of a savable model."""
+    from jaxrescore.models.int8 import Int8TransformerLM
+    from jaxrescore.models.ngram import NGramLM
+    from jaxrescore.models.transformer import TransformerLM
+
+    if isinstance(model, NGramLM):
+        config = {"order": model.order, "vocab_size": model.vocab_size, "eos": model.eos,
+                  "max_len": model.max_len, "discounts": list(model.discounts)}
+        arrays = {"table": np.asarray(model.params, np.float32)}
+        arrays.update({f"keys/{k}": np.asarray(keys, np.int64) for k, keys in enumerate(model._keys)})
+        return "NGramLM", config, arrays
+    if isinstance(model, (TransformerLM, Int8TransformerLM)):
+        return type(model).__name__, model.config.to_dict(), _named_leaves(model.params)
+    raise TypeError(
+        f"save_model saves TransformerLM, Int8TransformerLM or NGramLM, got {type(model).__name__} "
+        "(a from_apply_fn model's weights are yours to save: its apply function is code)"
+    )
+
+
+def _check_path(path, what: str = "path") -> str:
+    if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{what} must be a file path (str or os.PathLike), got {type(path).__name__}")
+    return os.fsdecode(os.fspath(path))
+
+
+def save_model(model, path, *, vocabulary=None) -> None:
+    """Write ``model`` (a TransformerLM, its int8 twin or an NGramLM) to ``path`` (see the module
+    docstring).
+
+    Args:
+      model: the model.
+      path: the file to write (its folder must exist); replaced atomically if it exists.
+      vocabulary: the token strings to store (default: ``model.vocabulary`` when the model
+        carries one), so tools such as ``jaxrescore enumerate`` print text instead of ids.
+    """
+    from jaxrescore.models.base import check_vocabulary
+
+    kind, config, arrays = _contents(model)
+    path = _check_path(path)
+    if vocabulary is None:
+        vocabulary = getattr(model, "vocabulary", None)
+    vocabulary = check_vocabulary(vocabulary, model.vocab_size)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write model file {path!r}: no folder {folder!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write model file {path!r}: it is a folder")
+    meta = {"format": FORMAT, "version": VERSION, "kind": kind, "config": config,
+            "vocabulary": None if vocabulary is None else list(vocabulary)}
+    meta["checksum"] = _checksum(meta, arrays)
+    if META in arrays:
+        raise ValueError(f"a weight is named {META!r}, the header's name")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".jaxrescore-model-", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **{META: np.array(json.dumps(meta))}, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        tmp = None
+    except OSError as err:
+        raise type(err)(err.errno, f"cannot write model file {path!r}: {err.strerror or err}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
 
 
-def load_model(path, *, mesh=None):
-    """Read a model written by :func:`save_model`; ``mesh`` as in the model constructors."""
-    path = os.fspath(path)
+def _read(path: str) -> tuple[dict, dict]:
+    """The header and the arrays of a model file; ModelFileError for anything unreadable."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no model file at {path!r}")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path!r} is a folder, not a jaxrescore model file")
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise ValueError(f"{path!r} is not a jaxrescore model file (not a readable .npz archive)") from None
+    except Exception as e:  # noqa: BLE001 - whatever a damaged file makes numpy raise
+        if isinstance(e, PermissionError):
+            raise ModelFileError(f"{path!r} cannot be read: permission denied") from None
+        raise ModelFileError(f"{path!r} is not a jaxrescore model file (not a readable .npz archive: {e})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path!r} is not a jaxrescore model file (a bare array, not an .npz archive)")
-    with archive as data:
-        if META not in data.files:
-            raise ValueError(f"{path!r} is not a jaxrescore model file (no {META} entry)")
-        meta = json.loads(str(data[META]))
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise ValueError(
-                f"{path!r} has format {meta.get('format')!r} version {meta.get('version')!r}; "
-                f"this library reads {FORMAT!r} version {VERSION}"
-            )
-        kind = meta.get("kind")
-        if kind not in ("TransformerLM", "Int8TransformerLM"):
-            raise ValueError(f"{path!r} holds an unknown model kind {kind!r}")
-        try:
-            config = TransformerConfig(**meta["config"])
-        except TypeError as e:
-            raise ValueError(f"{path!r} has an invalid config {meta['config']!r}: {e}") from None
-        stored = {k: data[k] for k in data.files if k != META}
-    model = _template(kind, config).with_mesh(mesh)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(model.params)
+        raise ModelFileError(f"{path!r} is not a jaxrescore model file (a bare array, not an .npz archive)")
+    try:
+        with archive as data:
+            if META not in data.files:
+                raise ModelFileError(f"{path!r} is not a jaxrescore model file (no {META} entry)")
+            arrays = {k: data[k] for k in data.files}
+    except ModelFileError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        # Flipped bytes inside an entry fail its CRC-32, its decompression or numpy's header
+        # parsing (zipfile.BadZipFile, zlib.error, ValueError, tokenize errors, MemoryError...).
+        raise ModelFileError(f"{path!r} is corrupted or truncated: {e}") from None
+    try:
+        meta = json.loads(str(arrays.pop(META)))
+    except (ValueError, TypeError) as e:
+        raise ModelFileError(f"{path!r} has an unreadable {META} header: {e}") from None
+    if not isinstance(meta, dict):
+        raise ModelFileError(f"{path!r} has a {META} header that is not a JSON object")
+    return meta, arrays
+
+
+def _check_meta(path: str, meta: dict, arrays: dict) -> tuple[str, dict]:
+    if meta.get("format") != FORMAT or meta.get("version") not in READS:
+        raise ModelFileError(
+            f"{path!r} has format {meta.get('format')!r} version {meta.get('version')!r}; this "
+            f"library reads {FORMAT!r} versions {', '.join(map(str, READS))}"
+        )
+    if meta["version"] >= 2 and meta.get("checksum") != _checksum(meta, arrays):
+        raise ModelFileError(f"{path!r} is corrupted: its checksum does not match its contents")
+    kind = meta.get("kind")
+    if kind not in KINDS:
+        raise ModelFileError(f"{path!r} holds an unknown model kind {kind!r} (known: {', '.join(KINDS)})")
+    config = meta.get("config")
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{path!r} has no model config in its {META} header (got {config!r})")
+    return kind, config
+
+
+def _restore_params(path: str, template, stored: dict):
+    """``stored`` arrays as ``template.params``' tree, every name, shape and dtype checked."""
+    import jax
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(template.params)
     names = [_leaf_name(p) for p, _ in flat]
     missing = sorted(set(names) - set(stored))
     extra = sorted(set(stored) - set(names))
     if missing or extra:
-        raise ValueError(
-            f"{path!r} does not match its config: missing weights {missing}, unexpected {extra}"
-        )
+        raise ModelFileError(f"{path!r} does not match its config: missing weights {missing}, unexpected {extra}")
     leaves = []
     for name, (_, want) in zip(names, flat):
         got = stored[name]
         if got.shape != want.shape or got.dtype != want.dtype:
-            raise ValueError(
+            raise ModelFileError(
                 f"{path!r}: weight {name!r} has shape {got.shape} dtype {got.dtype}, the config "
                 f"needs {want.shape} {want.dtype}"
             )
-        leaves.append(got)
-    model.params = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
+        leaves.append(jax.numpy.asarray(got))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _build(path: str, kind: str, config: dict, arrays: dict, mesh):
+    if kind == "NGramLM":
+        from jaxrescore.models.ngram import NGramLM
+
+        fields = {"order", "vocab_size", "eos", "max_len", "discounts"}
+        if set(config) != fields:
+            raise ModelFileError(f"{path!r}: an NGramLM config needs exactly {sorted(fields)}, got {sorted(config)}")
+        keys = [arrays.get(f"keys/{k}") for k in range(config["order"] if isinstance(config["order"], int) else 0)]
+        if "table" not in arrays or any(k is None for k in keys) or len(arrays) != len(keys) + 1:
+            raise ModelFileError(f"{path!r} does not hold an NGramLM's table and keys/0..keys/{len(keys) - 1}")
+        if arrays["table"].dtype != np.float32 or any(k.dtype != np.int64 or k.ndim != 1 for k in keys):
+            raise ModelFileError(f"{path!r}: an NGramLM needs a float32 table and int64 key vectors")
+        return NGramLM(arrays["table"], keys, mesh=mesh, **config)
+    from jaxrescore.models.int8 import quantize_int8
+    from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+
+    config = TransformerConfig(**config)
+    model = TransformerLM(config).with_mesh(mesh)
+    if kind == "Int8TransformerLM":
+        model = quantize_int8(model)
+    model.params = _restore_params(path, model, arrays)
+    return model
+
+
+def load_model(path, *, mesh=None):
+    """Read a model written by :func:`save_model` (see the module docstring for what is checked);
+    ``mesh`` as in the model constructors. The model's ``vocabulary`` is the stored one (None
+    when the file has none).
+
+    Raises:
+      FileNotFoundError: no file at ``path``.
+      ModelFileError: (a ValueError) anything wrong with the file, naming it.
+    """
+    from jaxrescore.models.base import check_vocabulary
+    from jaxrescore.models.jax_lm import check_mesh
+
+    path = _check_path(path)
+    mesh = check_mesh(mesh)
+    meta, arrays = _read(path)
+    kind, config = _check_meta(path, meta, arrays)
+    try:
+        model = _build(path, kind, config, arrays, mesh)
+        vocabulary = check_vocabulary(meta.get("vocabulary"), model.vocab_size)
+    except ModelFileError:
+        raise
+    except (TypeError, ValueError, KeyError) as e:
+        raise ModelFileError(f"{path!r} has an invalid {kind} config or vocabulary: {e}") from None
+    model.vocabulary = vocabulary
     return model

@@ -71,7 +71,10 @@ def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
     cols = np.arange(width)[None, :]
     mask = cols < batch.lengths[:, None]
     if skip is not None:
-        skip = np.asarray(skip, np.int64).reshape(-1)
+        raw = np.asarray(skip)
+        if raw.size and raw.dtype.kind not in "iu":
+            raise ValueError(f"skip must be integers (steps to leave out per row), got dtype {raw.dtype}")
+        skip = raw.astype(np.int64).reshape(-1)
         if skip.shape != (n,):
             raise ValueError(f"skip must have shape ({n},), got {skip.shape}")
         if skip.size and skip.min() < 0:

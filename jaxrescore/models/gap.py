@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxrescore.models.base import check_int
+from jaxrescore.models.checked import checked_model
 from jaxrescore.models.sampling import sample_sequences
 from jaxrescore.sequences import as_sequence_batch
 
@@ -38,6 +40,7 @@ def estimate_gap(draft, target, sequences=None, *, n: int = 256, seed: int = 0) 
       sequences: optional SequenceBatch or list of token sequences in both supports.
       n, seed: sample size and seed when ``sequences`` is None.
     """
+    draft, target = checked_model(draft, "draft"), checked_model(target, "target")
     if draft.vocab_size != target.vocab_size or draft.eos != target.eos:
         raise ValueError(
             f"draft (vocab_size={draft.vocab_size}, eos={draft.eos}) and target "
@@ -101,17 +104,19 @@ def estimate_top_gap(draft, target, k: int, candidates=(), *, n_samples: int = 1
       region_margin: nats below ``t_k`` the region reaches, finite and >= 0.
       seed: sampling seed.
     """
+    draft, target = checked_model(draft, "draft"), checked_model(target, "target")
     if draft.vocab_size != target.vocab_size or draft.eos != target.eos:
         raise ValueError(
             f"draft (vocab_size={draft.vocab_size}, eos={draft.eos}) and target "
             f"(vocab_size={target.vocab_size}, eos={target.eos}) must share vocab_size and eos"
         )
-    for name, value in (("k", k), ("n_samples", n_samples)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if not (isinstance(region_margin, (int, float)) and np.isfinite(region_margin) and region_margin >= 0):
+    k, n_samples = check_int(k, "k", minimum=1), check_int(n_samples, "n_samples", minimum=1)
+    if isinstance(region_margin, bool) or not (
+        isinstance(region_margin, (int, float)) and np.isfinite(region_margin) and region_margin >= 0
+    ):
         raise ValueError(f"region_margin must be a finite number >= 0 (nats), got {region_margin!r}")
-    candidates = [tuple(int(t) for t in c) for c in candidates]
+    candidates = list(candidates)
+    candidates = as_sequence_batch(candidates).to_tuples() if candidates else []
     samples = sample_sequences(target, n_samples, seed=seed).to_tuples()
     seqs = sorted(set(candidates) | set(samples))
     t = np.asarray(target.score_sequences(seqs), np.float64)

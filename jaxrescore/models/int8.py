@@ -109,8 +109,16 @@ def max_step_deviation(reference, other, sequences=None, *, n: int = 256, seed: 
     A measurement on a sample, not a bound. Both models need ``step_logprobs`` (the JAX models
     and NGramLM have it) and the same vocabulary.
     """
+    for name, model in (("reference", reference), ("other", other)):
+        if not callable(getattr(model, "step_logprobs", None)):
+            raise TypeError(
+                f"{name} must have step_logprobs (a JAX model or NGramLM), got {type(model).__name__}"
+            )
     if reference.vocab_size != other.vocab_size or reference.eos != other.eos:
-        raise ValueError("reference and other must share vocab_size and eos")
+        raise ValueError(
+            f"reference (vocab_size={reference.vocab_size}, eos={reference.eos}) and other "
+            f"(vocab_size={other.vocab_size}, eos={other.eos}) must share vocab_size and eos"
+        )
     seqs = sample_sequences(reference, n, seed=seed) if sequences is None else sequences
     batch, a = reference.step_logprobs(seqs)
     _, b = other.step_logprobs(batch)

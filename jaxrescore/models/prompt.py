@@ -19,7 +19,18 @@ def check_prompt(base, prompt) -> tuple[int, ...]:
     A prompt (possibly empty: then the prompted model scores like the base) must hold token ids in ``[0, vocab_size)``, leave room for at least one more token and, for a terminating
     model, not contain ``eos`` (a finished sequence has no continuations).
     """
-    toks = tuple(int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1))
+    if isinstance(prompt, (str, bytes)):
+        raise TypeError(f"prompt must be a sequence of integer token ids, got {type(prompt).__name__}")
+    try:
+        arr = np.asarray(prompt)
+    except (OverflowError, ValueError) as err:
+        raise ValueError(f"prompt must be a sequence of integer token ids: {err}") from None
+    if arr.ndim > 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(
+            f"prompt must be a flat sequence of integer token ids, got dtype {arr.dtype} shape "
+            f"{arr.shape}; floats and bools are not cast"
+        )
+    toks = tuple(int(t) for t in arr.reshape(-1))
     bad = [t for t in toks if not 0 <= t < base.vocab_size]
     if bad:
         raise ValueError(f"prompt tokens must lie in [0, {base.vocab_size}), got {bad}")
@@ -86,6 +97,11 @@ class PromptedModel(PromptableMixin):
             raise ValueError(f"prefixes must be int32[B, T], got shape {prefixes.shape}")
         toks, lens = prepend(self.prompt, prefixes, np.asarray(lengths, np.int32).reshape(-1))
         return self.base.next_logprobs(toks, lens)
+
+    @property
+    def vocabulary(self):
+        """The base model's token strings (None when it carries none)."""
+        return getattr(self.base, "vocabulary", None)
 
     @property
     def score_tolerance(self):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrescore.models.base import check_int
 from jaxrescore.sequences import SequenceBatch
 
 
@@ -18,8 +19,11 @@ def sample_sequences(model, n: int, *, seed: int = 0) -> SequenceBatch:
     Returns:
       SequenceBatch with tokens int32[n, max_len] and lengths int32[n].
     """
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    from jaxrescore.models.checked import checked_model
+
+    n = check_int(n, "n", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    model = checked_model(model, "model")  # a duck model's rows are checked as they arrive
     rng = np.random.default_rng(seed)
     t = model.max_len
     tokens = np.zeros((n, t), np.int32)

@@ -24,6 +24,8 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from jaxrescore.models.base import check_int, check_weights
+from jaxrescore.models.checked import checked_model
 from jaxrescore.models.jax_lm import JaxLM, check_eos_terminated, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 
@@ -38,8 +40,12 @@ def _check_model(model, name: str) -> None:
 
 def _check_positive(**kw) -> None:
     for name, v in kw.items():
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_int(v, name, minimum=1)
+
+
+def _check_flag(value, name: str) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_lr(lr):
@@ -76,12 +82,7 @@ def training_corpus(model, sequences, weights) -> tuple[SequenceBatch, np.ndarra
             )
     else:
         check_eos_terminated(batch, model.eos, "sequences")
-    n = batch.size
-    w = np.ones(n) if weights is None else np.asarray(weights, np.float64).reshape(-1)
-    if w.shape != (n,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
-        raise ValueError(
-            f"weights must be {n} finite non-negative numbers, not all zero; got shape {w.shape}"
-        )
+    w = check_weights(weights, batch.size)
     return batch, w / w.sum()
 
 
@@ -181,6 +182,8 @@ def train_lm(
     """
     _check_model(model, "model")
     _check_positive(steps=steps, batch_size=batch_size)
+    check_int(seed, "seed", minimum=0)
+    _check_flag(progress, "progress")
     lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
     batch, probs = training_corpus(model, sequences, weights)
     draw = _sampler(model, batch, probs, batch_size, seed)
@@ -236,12 +239,15 @@ def distill(
       float32[steps]: each step's mean per-position KL (nats).
     """
     _check_model(student, "student")
+    teacher = checked_model(teacher, "teacher")  # a duck teacher's rows are checked as they arrive
     if teacher.vocab_size != student.vocab_size or teacher.eos != student.eos:
         raise ValueError(
             f"teacher (vocab_size={teacher.vocab_size}, eos={teacher.eos}) and student "
             f"(vocab_size={student.vocab_size}, eos={student.eos}) must share vocab_size and eos"
         )
     _check_positive(steps=steps, batch_size=batch_size)
+    check_int(seed, "seed", minimum=0)
+    _check_flag(progress, "progress")
     lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
     batch, probs = training_corpus(student, sequences, weights)
     draw = _sampler(student, batch, probs, batch_size, seed)

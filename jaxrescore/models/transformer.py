@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrescore.models.base import check_int
 from jaxrescore.models.jax_lm import JaxLM
 
 
@@ -47,23 +49,22 @@ class TransformerConfig:
     positions: str = "learned"
 
     def __post_init__(self):
+        # bools are ints to Python, floats like 2.7 would be cut: refuse both (check_int).
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {v!r}")
+            check_int(getattr(self, name), f"TransformerConfig.{name}", minimum=1)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"TransformerConfig.d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
             )
-        if self.d_ff is not None and (not isinstance(self.d_ff, (int, np.integer)) or self.d_ff < 1):
-            raise ValueError(f"TransformerConfig.d_ff must be a positive int or None, got {self.d_ff!r}")
-        if self.eos is not None and not 0 <= self.eos < self.vocab_size:
-            raise ValueError(
-                f"TransformerConfig.eos={self.eos} must be None or in [0, {self.vocab_size})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
-        if self.positions not in ("learned", "sinusoidal"):
+        check_int(self.d_ff, "TransformerConfig.d_ff", minimum=1, allow_none=True)
+        check_int(self.eos, "TransformerConfig.eos", minimum=0, maximum=self.vocab_size, allow_none=True)
+        if (
+            isinstance(self.dropout, (bool, np.bool_))
+            or not isinstance(self.dropout, numbers.Real)
+            or not 0.0 <= self.dropout < 1.0
+        ):
+            raise ValueError(f"TransformerConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.positions, str) or self.positions not in ("learned", "sinusoidal"):
             raise ValueError(
                 f"TransformerConfig.positions must be 'learned' or 'sinusoidal', got {self.positions!r}"
             )
@@ -209,6 +210,7 @@ class TransformerLM(JaxLM):
     def __init__(self, config: TransformerConfig, *, seed: int = 0, mesh=None):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        seed = check_int(seed, "seed", minimum=0)
         graphdef, state = init_weights(config, seed)
         self.config = config
         super().__init__(
