@@ -5,6 +5,7 @@ a query returns, in one batched teacher-forcing forward; a certificate says when
 provably the target's true top-k under an assumed draft/target gap.
 """
 
+from jaxrescore.compilation_cache import enable_compilation_cache
 from jaxrescore.index import AREnvelopeIndex, SeekIndex
 from jaxrescore.models import (
     CallableModel,
@@ -38,6 +39,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerLM",
     "distill",
+    "enable_compilation_cache",
     "estimate_gap",
     "from_apply_fn",
     "init_carry",
