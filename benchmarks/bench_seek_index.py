@@ -18,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import have_mixle, reference_note, section, table
 
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models.callable import CallableModel
@@ -98,40 +99,49 @@ def run_mixle(table, bits, read):
     return n, items, t1 - t0, t2 - t1
 
 
+def run(quick: bool = False, out_dir=None, vocab=32, length=6, bits=20.0, read=20_000, seed=0, repeat=3) -> str:
+    if quick:
+        bits, read, repeat = 14.0, 2000, 1
+    table_ = make_table(vocab, length, seed)
+    first_numpy = run_ours(table_, bits, read, numpy_model)  # first call in the process
+    cold = run_ours(table_, bits, read)  # includes jit compiles of the bucketed shapes
+    # best of `repeat` (the machine is shared; the minimum is the least disturbed)
+    index, ours, build, rd = min((run_ours(table_, bits, read) for _ in range(repeat)), key=lambda r: r[2] + r[3])
+    rows = [["jaxrescore `SeekIndex`, warm (jit shapes compiled)", f"{build:.3f} s", f"{rd:.3f} s", f"{build + rd:.3f} s"],
+            ["jaxrescore, cold (first JAX run, compiles included)", "", "", f"{cold[2] + cold[3]:.3f} s"],
+            ["jaxrescore, numpy model, first run in the process", "", "", f"{first_numpy[2] + first_numpy[3]:.3f} s"]]
+    extra = ""
+    if have_mixle() and not quick:
+        n_mx, theirs, mx_build, mx_read = min((run_mixle(table_, bits, read) for _ in range(repeat)), key=lambda r: r[2] + r[3])
+        mx_total = mx_build + mx_read
+        rows.insert(0, ["mixle `SeekIndex(AutoregressiveEnumerable)`", f"{mx_build:.3f} s", f"{mx_read:.3f} s", f"{mx_total:.3f} s"])
+        for row in rows[1:]:
+            total = float(row[3].split()[0])
+            row[3] += f" (**{mx_total / total:.0f}x**)"
+        same = sum(a[0] == tuple(b[0]) for a, b in zip(ours, theirs))
+        max_lp = max(abs(a[1] - b[1]) for a, b in zip(ours, theirs))
+        extra = (f"Indexed: jaxrescore {len(index)}, mixle {n_mx} sequences; the first {len(ours)} items agree "
+                 f"{same}/{len(ours)}, draft log-probs within {max_lp:.1e}.")
+    text = f"""
+The same fixed random fixed-length model (V={vocab}, L={length}; the float32 next-token table
+depends on the position and the previous token) and the same quantizer (`bin_width_bits=1`,
+`oversample=8`) on both sides: build the draft index to a {bits:g}-bit budget, then read the first
+{read:,} sequences back. jaxrescore gets the model as a jitted batched JAX function
+(`CallableModel(batched=True)`), mixle the same table as its per-prefix `next_logprobs` plus its
+`batch_next_logprobs` hook (batch 4096), its fastest configuration. Best of {repeat} on each side.
+
+{table(["", "build", f"read {read:,}", "total"], rows, "lrrr")}
+
+{extra}{reference_note(quick)}
+"""
+    return section("SeekIndex build and read-back against the reference library (mixle 0.8.2)",
+                   "python3 benchmarks/run.py --only seek_index", text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=32)
-    ap.add_argument("--length", type=int, default=6)
-    ap.add_argument("--bits", type=float, default=20.0)
-    ap.add_argument("--read", type=int, default=20_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
-    table = make_table(args.vocab, args.length, args.seed)
-
-    first_numpy = run_ours(table, args.bits, args.read, numpy_model)  # first call in the process
-    cold = run_ours(table, args.bits, args.read)  # includes jit compiles of the bucketed shapes
-    # best of --repeat on both sides (the machine is shared; the minimum is the least disturbed)
-    index, ours, build, read = min(
-        (run_ours(table, args.bits, args.read) for _ in range(args.repeat)), key=lambda r: r[2] + r[3]
-    )
-    n_mx, theirs, mx_build, mx_read = min(
-        (run_mixle(table, args.bits, args.read) for _ in range(args.repeat)), key=lambda r: r[2] + r[3]
-    )
-
-    same = sum(a[0] == tuple(b[0]) for a, b in zip(ours, theirs))
-    max_lp = max(abs(a[1] - b[1]) for a, b in zip(ours, theirs))
-    print(f"model V={args.vocab} L={args.length}, budget {args.bits:g} bits, read {args.read}, best of {args.repeat}")
-    print(f"sequences indexed: jaxrescore {len(index)}, mixle {n_mx}; forwards (jaxrescore) {index.forwards}")
-    print(f"first {len(ours)} items identical: {same}/{len(ours)}, max |lp diff| {max_lp:.2e}")
-    ours_total, mx_total, cold_total = build + read, mx_build + mx_read, cold[2] + cold[3]
-    print(f"jaxrescore warm: build {build:.3f}s + read {read:.3f}s = {ours_total:.3f}s")
-    print(f"jaxrescore cold (jit compiles included): {cold_total:.3f}s")
-    print(f"mixle:           build {mx_build:.3f}s + read {mx_read:.3f}s = {mx_total:.3f}s")
-    numpy_total = first_numpy[2] + first_numpy[3]
-    print(f"jaxrescore, numpy model, first run in the process: {numpy_total:.3f}s")
-    print(f"speed-up: {mx_total / ours_total:.1f}x warm, {mx_total / cold_total:.1f}x cold (JAX model), "
-          f"{mx_total / numpy_total:.1f}x first run (numpy model)")
+    ap.add_argument("--quick", action="store_true")
+    print(run(ap.parse_args().quick))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 FLOPs count the matmuls of the padded forward (projections, attention scores and values, MLP, the
 output head): ``2 * m * n * k`` per ``[m, k] @ [k, n]``.
 
-    python benchmarks/bench_throughput.py [--n 4096] [--layers 2 4] [--loop 200] [--chunk-rows 0 256]
+    python3 benchmarks/bench_throughput.py [--quick]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import section, table
 
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
@@ -60,48 +61,57 @@ def corpus(n: int, vocab: int, max_len: int, seed: int = 0) -> list[tuple[int, .
     return [tuple(int(x) for x in rng.integers(1, vocab, size=k)) + (0,) for k in lens]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=4096, help="sequences per batched call")
-    ap.add_argument("--loop", type=int, default=200, help="sequences scored one call each")
-    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--max-len", type=int, default=16)
-    ap.add_argument("--chunk-rows", type=int, nargs="+", default=[0, 256, 4096],
-                    help="rows per device call; 0 = the model's automatic chunking")
-    ap.add_argument("--peak-n", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
-
-    peak, peak_n = matmul_peak(args.peak_n, args.repeats)
-    print(f"device: {jax.devices()[0].device_kind} x{len(jax.devices())}, jax {jax.__version__}")
-    print(f"matmul peak (best float32 jnp.dot, at {peak_n}^2): {peak / 1e9:.1f} GFLOP/s\n")
-    print("| layers | params | chunk_rows | batched seq/s | loop seq/s | speed-up | GFLOP/s | of peak |")
-    print("|---|---|---|---|---|---|---|---|")
-    seqs = corpus(args.n, 28, args.max_len)
-    for layers in args.layers:
-        cfg = TransformerConfig(
-            vocab_size=28, d_model=args.d_model, n_layers=layers, n_heads=4,
-            max_len=args.max_len, eos=0,
-        )
+def measure(n, loop, layers_list, d_model, max_len, chunk_rows_list, peak_n, repeats):
+    """``(peak FLOP/s, its n, table rows)``."""
+    peak, peak_n_best = matmul_peak(peak_n, repeats)
+    rows = []
+    seqs = corpus(n, 28, max_len)
+    for layers in layers_list:
+        cfg = TransformerConfig(vocab_size=28, d_model=d_model, n_layers=layers, n_heads=4, max_len=max_len, eos=0)
         model = TransformerLM(cfg, seed=0)
-        few = seqs[: args.loop]
+        few = seqs[:loop]
         model.min_rows = 1  # the loop's best case: no padding rows around a single sequence
         t_loop = best_time(lambda: [model.score_sequences([s]) for s in few], 1)
         loop_rate = len(few) / t_loop
         del model.min_rows
-        for chunk in args.chunk_rows:
+        for chunk in chunk_rows_list:
             model.chunk_rows = chunk or None
-            width = model.length_bucket(args.max_len)
+            width = model.length_bucket(max_len)
             step = model._chunk(width)
-            t = best_time(lambda: model.score_sequences(seqs), args.repeats)
-            rows = sum(model._rows_bucket(min(step, args.n - s)) for s in range(0, args.n, step))
-            flops = forward_flops(cfg, rows, width)
+            t = best_time(lambda: model.score_sequences(seqs), repeats)
+            padded = sum(model._rows_bucket(min(step, n - s)) for s in range(0, n, step))
+            flops = forward_flops(cfg, padded, width)
             label = f"{step} (auto)" if not chunk else str(chunk)
-            print(
-                f"| {layers} | {model.n_params:,} | {label} | {args.n / t:,.0f} | {loop_rate:,.0f} "
-                f"| {args.n / t / loop_rate:,.0f}x | {flops / t / 1e9:.1f} | {flops / t / peak:.1%} |"
-            )
+            rows.append([layers, f"{model.n_params:,}", label, f"{n / t:,.0f}", f"{loop_rate:,.0f}",
+                         f"{n / t / loop_rate:,.0f}x", f"{flops / t / 1e9:.1f}", f"{flops / t / peak:.1%}"])
+    return peak, peak_n_best, rows
+
+
+def run(quick: bool = False, out_dir=None) -> str:
+    n, loop, repeats = (512, 20, 2) if quick else (4096, 200, 5)
+    layers, chunks, sizes = ([2], [0], [256, 512]) if quick else ([2, 4], [0, 256, 4096], [256, 512, 1024, 2048])
+    peak, peak_n, rows = measure(n, loop, layers, 128, 16, chunks, sizes, repeats)
+    text = f"""
+Demo-size model (V=28, d_model 128, 4 heads, d_ff 512, max_len 16, eos), {n} random sequences of
+4-16 tokens scored by `score_sequences`, best of {repeats}; "loop" scores {loop} of them with one call each
+(with `min_rows=1`, so each call computes exactly one row: the loop's best case). GFLOP/s counts
+the matmuls of the padded forward; "of peak" divides by the best float32 `jnp.dot` rate measured
+in the same run ({peak / 1e9:.1f} GFLOP/s at {peak_n}²; on a shared machine the peak itself moves
+between runs, so compare within a run).
+
+{table(["layers", "params", "rows per call", "batched seq/s", "loop seq/s", "speed-up", "GFLOP/s", "of peak"], rows, "rrlrrrrr")}
+
+On CPU a device call of ~2048 tokens (128 rows of 16), whose activations stay in cache, is the
+default (`DeviceBatched.chunk_tokens`: 2048 tokens per device on CPU, 65536 on accelerators; set
+`chunk_tokens` or `chunk_rows` to override).
+"""
+    return section("TransformerLM teacher-forcing throughput (score_sequences)", "python3 benchmarks/run.py --only throughput", text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    print(run(ap.parse_args().quick))
 
 
 if __name__ == "__main__":

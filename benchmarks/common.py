@@ -38,6 +38,13 @@ MIXLE_MISSING = (
 )
 
 
+def reference_note(quick: bool) -> str:
+    """Why a section has no reference-library columns (empty when it has them)."""
+    if have_mixle() and not quick:
+        return ""
+    return "\n_Reference library rows skipped in a --quick run._\n" if have_mixle() else "\n" + MIXLE_MISSING + "\n"
+
+
 def machine() -> str:
     """One line: CPU cores, memory, Python, JAX and its backend."""
     import jax
