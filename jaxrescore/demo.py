@@ -22,6 +22,7 @@ import os
 import textwrap
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -58,30 +59,95 @@ def shipped_target_path() -> Path:
     return Path(str(resources.files("jaxrescore.data").joinpath(TARGET_FILE)))
 
 
+def default_train_path() -> Path:
+    """Where ``jaxrescore train`` writes by default: ``$XDG_DATA_HOME/jaxrescore/names_target.npz``
+    (``~/.local/share/jaxrescore/names_target.npz`` without XDG_DATA_HOME), a user path, never
+    inside the installed package."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "jaxrescore" / TARGET_FILE
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_train_output(out: str | os.PathLike | None, *, force: bool = False) -> Path:
+    """The path :func:`train_demo_target` will write, checked BEFORE any training (minutes of it):
+    not a folder, in a folder that exists or can be created and that is writable (probed with a
+    temporary file, removed at once), and not the weights shipped inside the package unless
+    ``force`` (overwriting them changes what ``jaxrescore demo`` runs for everyone using this
+    installation). DemoArgumentError naming the path otherwise.
+
+    Args:
+      out: the file to write; None: :func:`default_train_path`.
+      force: allow ``out`` to be the shipped weights file.
+    """
+    import tempfile
+
+    if not isinstance(force, bool):
+        raise DemoArgumentError(f"force must be True or False, got {force!r}")
+    path = default_train_path() if out is None else Path(out).expanduser()
+    if path.is_dir():
+        raise DemoArgumentError(f"out {str(path)!r} is a folder; give a file path such as {str(path / TARGET_FILE)!r}")
+    if _same_file(path, shipped_target_path()) and not force:
+        raise DemoArgumentError(
+            f"out {str(path)!r} is the target shipped inside the package; retraining would replace "
+            "what `jaxrescore demo` runs for every user of this installation. Pass --force (force=True) "
+            "to overwrite it, or write elsewhere"
+        )
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".jaxrescore-probe-", dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise DemoArgumentError(f"cannot write {str(path)!r}: {err.strerror or err}") from None
+    return path
+
+
+def names_vocabulary() -> tuple[str, ...]:
+    """The demo models' token strings: ``a``..``z`` then ``<eos>``."""
+    from jaxrescore.data.names import ALPHABET
+
+    return tuple(ALPHABET) + ("<eos>",)
+
+
 def train_demo_target(
     out: str | os.PathLike | None = None,
     *,
     steps: int = TRAIN_STEPS,
     seed: int = TRAIN_SEED,
     progress: bool = True,
+    force: bool = False,
 ) -> Path:
-    """Train the demo target from scratch and save it (``save_model`` format); returns the path.
+    """Train the demo target from scratch and save it (``save_model`` format, with the names
+    vocabulary); returns the path. The path is checked first (:func:`check_train_output`).
 
     Batches sample names in proportion to birth count, so the model learns the distribution of
     first names of people born in the US 1880-2017. Deterministic for a given ``seed`` and
     ``steps`` on one platform.
 
     Args:
-      out: where to write (default: the shipped weights file, overwritten atomically).
+      out: where to write (default: :func:`default_train_path`, a user path outside the package).
       steps: optimisation steps in all (batch 256, adamw, step-decayed learning rate).
       seed: initialisation and batch-sampling seed.
+      progress: show a tqdm bar per learning-rate phase.
+      force: allow ``out`` to be the weights shipped inside the package (see
+        ``scripts/train_demo.py``, which regenerates them).
     """
     from jaxrescore.models.checkpoint import save_model
     from jaxrescore.models.training import train_lm
     from jaxrescore.models.transformer import TransformerLM
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < len(TRAIN_PHASES):
-        raise ValueError(f"steps must be an integer >= {len(TRAIN_PHASES)}, got {steps!r}")
+        raise DemoArgumentError(f"steps must be an integer >= {len(TRAIN_PHASES)}, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DemoArgumentError(f"seed must be an integer >= 0, got {seed!r}")
+    path = check_train_output(out, force=force)
     seqs, counts = name_corpus()
     model = TransformerLM(target_config(), seed=seed)
     done = 0
@@ -92,8 +158,7 @@ def train_demo_target(
             seed=seed + phase, progress=progress,
         )
         done += n
-    path = Path(out) if out is not None else shipped_target_path()
-    save_model(model, path)
+    save_model(model, path, vocabulary=names_vocabulary())
     return path
 
 
@@ -124,16 +189,21 @@ def fit_draft(order: int = DRAFT_ORDER):
 
 
 def load_target(path: str | os.PathLike | None = None):
-    """The demo target (shipped weights by default), or any model saved with ``save_model``."""
+    """The demo target (shipped weights by default), or any model saved with ``save_model``.
+    The shipped file predates stored vocabularies (format version 1): it gets the names
+    vocabulary here, so ``enumerate`` prints its sequences as text too."""
     from jaxrescore.models.checkpoint import load_model
 
     path = shipped_target_path() if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no model file at {str(path)!r}")
     try:
-        return load_model(path)
+        model = load_model(path)
     except ValueError as e:
         raise DemoArgumentError(str(e)) from None
+    if model.vocabulary is None and _same_file(path, shipped_target_path()):
+        model.vocabulary = names_vocabulary()
+    return model
 
 
 class DemoArgumentError(ValueError):
@@ -228,6 +298,7 @@ def certified_top_k(index, target, k: int, window: int | None, gap: float) -> di
     return {
         "result": result,
         "certified": result.certified,
+        "worst_log_prob": result.items[-1][1] if result.items else None,
         "bound": result.bound,
         "gap": result.gap,
         "excess": _finite_or_none(result.excess),
@@ -266,6 +337,8 @@ def run_demo(
     progress: bool = True,
     measure_exact: bool = True,
     certify: bool = True,
+    on_stage: Callable[[str], None] | None = None,
+    on_answer: Callable[[dict], None] | None = None,
 ) -> dict:
     """The names demo, end to end: the PROVEN ``k`` likeliest names under the target, found through
     the n-gram draft's SeekIndex, next to what an exact best-first search over the target costs and
@@ -283,6 +356,11 @@ def run_demo(
       progress: show the draft index's progress bar.
       measure_exact: also run the exact best-first search over the target.
       certify: also run the gap-certified query.
+      on_stage: called with a short description as each stage starts (the CLI shows it on a
+        terminal, so a long run is never silent).
+      on_answer: called with the answer part of the result (``items``, ``true_top_k_overlap``,
+        the proof keys, ``k``, ``prefix``) as soon as it is proven, before the comparisons run
+        (the CLI prints the table then).
 
     Returns:
       A JSON-ready dict: ``items`` (``text``, ``target_log_prob``, ``draft_log_prob``,
@@ -302,35 +380,48 @@ def run_demo(
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     prompt = check_prefix(prefix)
+    stage = on_stage or (lambda text: None)
     start = time.perf_counter()
+    stage("loading the target and fitting the draft")
     target, draft = load_target(target_path), fit_draft()
     if prompt:
         target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
+    stage(f"building the draft index and proving the top {k}")
     index = _draft_index(draft, progress)
     proof = proven_top_k(index, target, k, window)
     result = proof.pop("result")
     answer = [s for s, _ in result.items]
-    exact = best_first_cost(target, k) if measure_exact else None
-    if exact is not None:
-        exact["same_answer"] = _same_answer(exact.pop("items"), answer)
-    certified = _gap_run(index, draft, target, k, window, gap, prefix, answer) if certify else None
     ranks = name_ranks()
     texts = [prefix + decode(seq) for seq in answer]
     true_top = [n for n, _ in load_names() if n.startswith(prefix)][:k]
-    return {
+    out = {
         "items": [
             {"text": text, "target_log_prob": lp, "draft_log_prob": _finite_or_none(dlp), "birth_rank": ranks.get(text)}
             for text, (_, lp), dlp in zip(texts, result.items, result.draft_log_probs)
         ],
         "true_top_k_overlap": len(set(true_top).intersection(texts)),
         **proof,
-        "exact_best_first": exact,
-        "gap_certified": certified,
-        "draft_forwards": int(index.forwards),
         "k": k,
         "prefix": prefix,
-        "seconds": time.perf_counter() - start,
     }
+    if on_answer is not None:
+        on_answer(dict(out))
+    exact = None
+    if measure_exact:
+        stage("exact best-first search over the target, for comparison")
+        exact = best_first_cost(target, k)
+        exact["same_answer"] = _same_answer(exact.pop("items"), answer)
+    certified = None
+    if certify:
+        stage("estimating the gap and running the gap-certified query")
+        certified = _gap_run(index, draft, target, k, window, gap, prefix, answer)
+    out.update(
+        exact_best_first=exact,
+        gap_certified=certified,
+        draft_forwards=int(index.forwards),
+        seconds=time.perf_counter() - start,
+    )
+    return out
 
 
 def _gap_run(index, draft, target, k, window, gap, prefix, answer) -> dict:
@@ -358,9 +449,27 @@ def _gap_run(index, draft, target, k, window, gap, prefix, answer) -> dict:
 
 # ---- printing ----------------------------------------------------------------------------------
 
+WIDTH = 100
+"""Columns of the printed output."""
+UNITS = "log-prob = natural log of a probability, in nats (0 is certain; -2.3 is 10%)"
+
 
 def _nats(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def _wrapped(lines: list[str]) -> list[str]:
+    """Long lines folded to :data:`WIDTH` columns, continuation lines indented."""
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+    return out
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns (an ellipsis marks the cut)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _proof_lines(out: dict) -> list[str]:
@@ -382,11 +491,33 @@ def _exact_lines(out: dict) -> list[str]:
     ]
 
 
+def _certificate_verdict(cert: dict) -> str:
+    """The gap certificate in plain words, from the result's numbers (the library's ``reason``
+    is kept for cases these do not cover; the JSON carries it verbatim)."""
+    verdict, gap, bound, worst = cert["certified"], cert["assumed_gap"], cert["bound"], cert.get("worst_log_prob")
+    if verdict and bound is None:
+        return "certified: True — every sequence the draft can produce was scored"
+    if not verdict and cert.get("excess") is not None and "refuted" in cert["reason"]:
+        return (
+            f"certified: False — the assumed gap {gap:.3f} is contradicted: a scored sequence has "
+            f"target - draft = {cert['excess']:.3f} nats"
+        )
+    if bound is not None and worst is not None and np.isfinite(bound):
+        verb = "clears" if verdict else "does not clear"
+        return (
+            f"certified: {verdict} — the worst answer ({worst:.3f}) {verb} the highest draft "
+            f"log-prob left unscored ({bound:.3f}) + the assumed gap ({gap:.3f}) + float tolerance"
+        )
+    return f"certified: {verdict} — {cert['reason']}"
+
+
 def _certificate_lines(cert: dict | None) -> list[str]:
     if cert is None:
         return []
     lines = [
-        f"gap-certified query (the spec's certificate): certified {cert['certified']} — {cert['reason']}",
+        "gap-certified query (complete IF target - draft <= the assumed gap wherever an answer "
+        "could come from):",
+        f"  {_certificate_verdict(cert)}",
         f"  assumed gap {cert['assumed_gap']:.3f} nats: {cert['gap_source']}",
         f"  observed over the rescored sequences: max |target - draft| {cert['gap']:.3f} nats, "
         f"max target - draft {_nats(cert['excess'])} nats",
@@ -407,129 +538,290 @@ def _certificate_lines(cert: dict | None) -> list[str]:
     return lines
 
 
-def format_demo(out: dict) -> str:
-    """The demo result as a text table plus proof, cost and certificate lines."""
+def format_demo_answer(out: dict) -> str:
+    """The proven answer: the names table, the overlap with the commonest names and the proof
+    (what ``on_answer`` of :func:`run_demo` receives is enough)."""
     cond = f" starting with {out['prefix']!r}" if out["prefix"] else ""
     lines = _wrapped([
         f"top {out['k']} US first names{cond} under a character transformer (target), found through "
         f"a character {DRAFT_ORDER}-gram (draft)",
-    ]) + [
-        "log-probs in nats" + (", given the prefix" if out["prefix"] else ""),
-        f"{'rank':>4}  {'name':<16}{'target lp':>10}{'draft lp':>10}  {'birth rank':>10}",
-    ]
+        UNITS + (", conditional on the prefix" if out["prefix"] else ""),
+    ]) + [f"{'rank':>4}  {'name':<16}{'target (nats)':>15}{'draft (nats)':>15}  {'birth rank':>10}"]
     for i, item in enumerate(out["items"], 1):
         rank = item["birth_rank"]
         lines.append(
-            f"{i:>4}  {item['text']:<16}{item['target_log_prob']:>10.3f}"
-            f"{_nats(item['draft_log_prob']):>10}  {rank if rank is not None else '-':>10}"
+            f"{i:>4}  {_fit(item['text'], 16):<16}{item['target_log_prob']:>15.3f}"
+            f"{_nats(item['draft_log_prob']):>15}  {rank if rank is not None else '-':>10}"
         )
     lines.append(
         f"{out['true_top_k_overlap']} of these are among the {out['k']} commonest names{cond} "
         "by birth count (SSA, 1880-2017)"
     )
-    notes = _proof_lines(out) + _exact_lines(out) + _certificate_lines(out.get("gap_certified"))
+    return "\n".join(lines + _wrapped(_proof_lines(out)))
+
+
+def format_demo_details(out: dict) -> str:
+    """What follows the answer: the best-first comparison, the gap certificate, the costs."""
+    notes = _exact_lines(out) + _certificate_lines(out.get("gap_certified"))
     notes.append(
-        f"draft index: {out['draft_forwards']} n-gram prefix forwards; "
-        f"whole run (models, searches, gap estimate): {out['seconds']:.1f} s"
+        f"draft index: {out['draft_forwards']} n-gram prefix forwards; wall time of the whole "
+        f"run (loading models, draft index, proof, comparisons, gap estimate): {out['seconds']:.1f} s"
     )
-    return "\n".join(lines + _wrapped(notes))
+    return "\n".join(_wrapped(notes))
 
 
-WIDTH = 100
-"""Columns of the printed output."""
-
-
-def _wrapped(lines: list[str]) -> list[str]:
-    """Long lines folded to :data:`WIDTH` columns, continuation lines indented."""
-    out = []
-    for line in lines:
-        indent = " " * (len(line) - len(line.lstrip()) + 4)
-        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
-    return out
+def format_demo(out: dict) -> str:
+    """The whole demo result as text: :func:`format_demo_answer` then :func:`format_demo_details`."""
+    return format_demo_answer(out) + "\n" + format_demo_details(out)
 
 
 # ---- your own models ---------------------------------------------------------------------------
+
+DEFAULT_CORPUS_ORDER = 3
+
+
+def read_corpus(path, model) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """Sequences of ``model``'s support from a text file, one per line, and their weights.
+
+    A line is ``TEXT`` or ``TEXT<TAB>COUNT`` (the count weights the line, e.g. a frequency; the
+    shipped ``names.tsv.gz`` uncompressed is such a file). ``TEXT`` is read with the model's
+    vocabulary when it carries one (characters for a character vocabulary, else
+    whitespace-separated token strings), else as whitespace- or comma-separated token ids. A
+    terminating model's ``eos`` is appended; a fixed-length model needs every line to have
+    exactly ``max_len`` tokens. Blank lines are skipped. DemoArgumentError naming the file and
+    line for anything else.
+    """
+    from jaxrescore.models.base import check_vocabulary, encode_text
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no corpus file at {str(path)!r}")
+    vocab = check_vocabulary(getattr(model, "vocabulary", None), model.vocab_size)
+    eos = model.eos
+    seqs, weights = [], []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DemoArgumentError(f"cannot read corpus {str(path)!r}: {err}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        where = f"{path}:{number}"
+        body, _, count = line.rstrip("\r\n").partition("\t")
+        if not body.strip():
+            continue
+        try:
+            weight = float(count) if count else 1.0
+        except ValueError:
+            raise DemoArgumentError(f"{where}: count {count!r} is not a number") from None
+        if not (weight >= 0 and np.isfinite(weight)):
+            raise DemoArgumentError(f"{where}: count {count!r} must be a finite number >= 0")
+        try:
+            if vocab is not None:
+                seq = encode_text(body, vocab, eos)
+            else:
+                ids = tuple(int(t) for t in body.replace(",", " ").split())
+                seq = ids + (() if eos is None or (ids and ids[-1] == eos) else (eos,))
+        except ValueError as err:
+            hint = "" if vocab is not None else " (the model has no vocabulary: lines are token ids)"
+            raise DemoArgumentError(f"{where}: {err}{hint}") from None
+        bad = [t for t in seq if not 0 <= t < model.vocab_size]
+        if bad:
+            raise DemoArgumentError(f"{where}: token ids {bad[:3]} outside [0, {model.vocab_size})")
+        if eos is not None and eos in seq[:-1]:
+            raise DemoArgumentError(f"{where}: eos={eos} inside the line")
+        if (eos is None and len(seq) != model.max_len) or len(seq) > model.max_len:
+            need = f"exactly {model.max_len}" if eos is None else f"at most {model.max_len} (eos included)"
+            raise DemoArgumentError(f"{where}: {len(seq)} tokens; the target needs {need}")
+        seqs.append(seq)
+        weights.append(weight)
+    if not seqs or sum(weights) <= 0:
+        raise DemoArgumentError(f"corpus {str(path)!r} holds no sequence with a positive count")
+    return seqs, np.asarray(weights, np.float64)
+
+
+def fit_corpus_draft(path, target, order: int = DEFAULT_CORPUS_ORDER):
+    """An n-gram draft of ``order`` fitted on the corpus file ``path`` (see :func:`read_corpus`),
+    in the target's support and vocabulary; the weights are normalised to mean 1, as
+    :func:`fit_draft` does."""
+    from jaxrescore.models.ngram import NGramLM
+
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise DemoArgumentError(f"draft order must be an integer >= 1, got {order!r}")
+    seqs, weights = read_corpus(path, target)
+    try:
+        draft = NGramLM.fit(
+            seqs, order=order, vocab_size=target.vocab_size, eos=target.eos, max_len=target.max_len,
+            weights=weights * (len(weights) / weights.sum()),
+        )
+    except ValueError as err:
+        raise DemoArgumentError(f"corpus {str(path)!r}: {err}") from None
+    draft.vocabulary = getattr(target, "vocabulary", None)
+    return draft
+
+
+def _vocabulary(target, draft):
+    """The token strings to print with: the target's, else the draft's (None: print ids)."""
+    tv, dv = getattr(target, "vocabulary", None), getattr(draft, "vocabulary", None)
+    if tv is not None and dv is not None and tv != dv:
+        raise DemoArgumentError("target and draft carry different vocabularies; they must agree token by token")
+    return tv if tv is not None else dv
+
+
+def _prompt_tokens(prompt, prompt_text, vocabulary, eos) -> tuple[int, ...]:
+    from jaxrescore.models.base import encode_text
+
+    if prompt_text is None:
+        return tuple(prompt)
+    if prompt:
+        raise DemoArgumentError("give the prompt as token ids or as text, not both")
+    if vocabulary is None:
+        raise DemoArgumentError("prompt text needs models that carry a vocabulary; give token ids instead")
+    try:
+        return encode_text(prompt_text, vocabulary, None if eos is None else eos)[: None if eos is None else -1]
+    except ValueError as err:
+        raise DemoArgumentError(f"prompt text: {err}") from None
 
 
 def run_enumerate(
     *,
     target_path,
-    draft_path,
+    draft_path=None,
+    draft_corpus=None,
+    draft_order: int = DEFAULT_CORPUS_ORDER,
     k: int = 25,
     window: int | None = None,
     gap: float | None = None,
     prompt: tuple[int, ...] = (),
+    prompt_text: str | None = None,
     bits: float | None = None,
     progress: bool = True,
+    on_stage: Callable[[str], None] | None = None,
+    on_answer: Callable[[dict], None] | None = None,
 ) -> dict:
-    """The proven top-``k`` of a user's own saved target, found through their saved draft
-    (``save_model`` files), plus the gap-certified query when ``gap`` is given.
+    """The proven top-``k`` of a user's own saved target, found through their own draft, plus the
+    gap-certified query when ``gap`` is given.
 
     Args:
-      target_path, draft_path: model files; both models must share ``vocab_size`` and ``eos``.
+      target_path: the target's model file (any :func:`~jaxrescore.models.save_model` file).
+      draft_path: the draft's model file; or
+      draft_corpus, draft_order: a text corpus (see :func:`read_corpus`) to fit an n-gram draft
+        of that order on. Exactly one of ``draft_path`` and ``draft_corpus``.
       k, window: as in :func:`run_demo`.
       gap: assumed max ``target - draft``; None = no gap-certified query (the proof needs none).
-      prompt: token ids to condition both models on.
+      prompt: token ids to condition both models on; or ``prompt_text``, read with the models'
+        vocabulary.
       bits: optional depth budget of the draft index to build up front.
+      progress, on_stage, on_answer: as in :func:`run_demo`.
 
     Returns:
-      A JSON-ready dict: ``items`` (``tokens``, ``text``, ``target_log_prob``,
-      ``draft_log_prob``), the proof keys of :func:`run_demo`, ``gap_certified`` (or None),
-      ``draft_forwards``, ``seconds`` and the arguments.
+      A JSON-ready dict: ``items`` (``tokens``: the continuation's ids, ``text``: prompt and
+      continuation decoded with the models' vocabulary, or the ids when they carry none,
+      ``target_log_prob``, ``draft_log_prob``), the proof keys of :func:`run_demo`,
+      ``gap_certified`` (or None), ``draft_forwards``, ``vocabulary`` (whether text was
+      decoded), ``outside_target_support`` (returned sequences the target gives probability 0,
+      left out of ``items``: only when ``k`` exceeds the target's support), ``seconds`` and
+      the arguments.
     """
     import time
 
+    from jaxrescore.models.base import decode_tokens
+
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
-    start = time.perf_counter()
-    if bits is not None and not 0 <= bits < float("inf"):
+    if (draft_path is None) == (draft_corpus is None):
+        raise DemoArgumentError("give exactly one draft: a saved model (--draft) or a corpus (--draft-corpus)")
+    if bits is not None and (isinstance(bits, bool) or not 0 <= bits < float("inf")):
         raise DemoArgumentError(f"bits must be a finite number >= 0, got {bits!r}")
-    target, draft = load_target(target_path), load_target(draft_path)
+    stage = on_stage or (lambda text: None)
+    start = time.perf_counter()
+    stage("loading the models")
+    target = load_target(target_path)
+    if draft_corpus is not None:
+        stage(f"fitting a {draft_order}-gram draft on {draft_corpus}")
+        draft = fit_corpus_draft(draft_corpus, target, draft_order)
+    else:
+        draft = load_target(draft_path)
     if (target.vocab_size, target.eos) != (draft.vocab_size, draft.eos):
         raise DemoArgumentError(
             f"target (vocab_size={target.vocab_size}, eos={target.eos}) and draft "
             f"(vocab_size={draft.vocab_size}, eos={draft.eos}) must share vocab_size and eos"
         )
+    vocabulary = _vocabulary(target, draft)
+    prompt = _prompt_tokens(prompt, prompt_text, vocabulary, target.eos)
     if prompt:
         try:
             target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
         except ValueError as err:
             raise DemoArgumentError(f"prompt: {err}") from None
+    stage(f"building the draft index and proving the top {k}")
     index = _draft_index(draft, progress)
     if bits is not None:
         index.ensure_bits(bits)
     proof = proven_top_k(index, target, k, window)
     result = proof.pop("result")
+
+    def text(seq):
+        full = tuple(prompt) + tuple(seq)
+        return decode_tokens(full, vocabulary, target.eos) if vocabulary else " ".join(map(str, full))
+
+    # A query asking for more than the target's support returns its draft-only sequences at
+    # target log-prob -inf (see the report on rescore/core.py): they are not answers, so they are
+    # counted, not listed.
+    pairs = list(zip(result.items, result.draft_log_probs))
+    out = {
+        "items": [
+            {"tokens": list(seq), "text": text(seq), "target_log_prob": lp,
+             "draft_log_prob": _finite_or_none(dlp)}
+            for (seq, lp), dlp in pairs if lp > -np.inf
+        ],
+        "outside_target_support": sum(1 for (_, lp), _ in pairs if lp == -np.inf),
+        **proof,
+        "vocabulary": vocabulary is not None,
+        "k": k,
+        "prompt": list(prompt),
+    }
+    if on_answer is not None:
+        on_answer(dict(out))
     certified = None
     if gap is not None:
+        stage("running the gap-certified query")
         certified = certified_top_k(index, target, k, window, gap)
         other = certified.pop("result")
         certified.update(
             gap_source="given with --gap",
             same_answer=_same_answer([s for s, _ in other.items], [s for s, _ in result.items]),
         )
-    return {
-        "items": [
-            {"tokens": list(seq), "text": " ".join(map(str, seq)), "target_log_prob": lp,
-             "draft_log_prob": _finite_or_none(dlp)}
-            for (seq, lp), dlp in zip(result.items, result.draft_log_probs)
-        ],
-        **proof,
-        "gap_certified": certified,
-        "draft_forwards": int(index.forwards),
-        "k": k,
-        "prompt": list(prompt),
-        "seconds": time.perf_counter() - start,
-    }
+    out.update(gap_certified=certified, draft_forwards=int(index.forwards), seconds=time.perf_counter() - start)
+    return out
+
+
+def format_enumerate_answer(out: dict) -> str:
+    """The proven answer of :func:`run_enumerate`: the table and the proof."""
+    what = "text" if out.get("vocabulary") else "tokens"
+    cond = ", conditional on the prompt" if out.get("prompt") else ""
+    width = WIDTH - 6 - 30
+    lines = _wrapped([UNITS + cond]) + [f"{'rank':>4}  {what:<{width}}{'target (nats)':>15}{'draft (nats)':>15}"]
+    for i, item in enumerate(out["items"], 1):
+        lines.append(
+            f"{i:>4}  {_fit(item['text'], width):<{width}}{item['target_log_prob']:>15.3f}"
+            f"{_nats(item['draft_log_prob']):>15}"
+        )
+    if out.get("outside_target_support"):
+        lines.append(
+            f"(the target's whole support has {len(out['items'])} sequences: fewer than k={out['k']})"
+        )
+    return "\n".join(lines + _wrapped(_proof_lines(out)))
+
+
+def format_enumerate_details(out: dict) -> str:
+    """What follows the answer: the gap certificate (when asked for) and the costs."""
+    notes = _certificate_lines(out.get("gap_certified"))
+    notes.append(
+        f"draft index: {out['draft_forwards']} prefix forwards; wall time of the whole run "
+        f"(loading models, draft index, proof{', gap query' if out.get('gap_certified') else ''}): "
+        f"{out['seconds']:.1f} s"
+    )
+    return "\n".join(_wrapped(notes))
 
 
 def format_enumerate(out: dict) -> str:
-    """The enumerate result as a text table plus proof, cost and certificate lines."""
-    lines = ["log-probs in nats", f"{'rank':>4}  {'tokens':<40}{'target lp':>10}{'draft lp':>10}"]
-    for i, item in enumerate(out["items"], 1):
-        lines.append(
-            f"{i:>4}  {item['text']:<40}{item['target_log_prob']:>10.3f}"
-            f"{_nats(item['draft_log_prob']):>10}"
-        )
-    notes = _proof_lines(out) + _certificate_lines(out.get("gap_certified"))
-    notes.append(f"draft index: {out['draft_forwards']} prefix forwards; whole run: {out['seconds']:.1f} s")
-    return "\n".join(lines + _wrapped(notes))
+    """The whole enumerate result as text: answer, then details."""
+    return format_enumerate_answer(out) + "\n" + format_enumerate_details(out)
