@@ -1,7 +1,17 @@
 """The ``jaxrescore`` command: ``demo`` (the main job), ``enumerate`` and ``train``.
 
-Argument parsing and printing only; the work lives in :mod:`jaxrescore.demo`. Bad arguments get one
-line on stderr and exit status 2.
+Argument parsing and printing only; the work lives in :mod:`jaxrescore.demo`. Conventions:
+
+- ``jaxrescore --help`` and ``--version`` answer without importing jax or flax (the parser
+  imports nothing heavy; the work is imported once a command runs);
+- ``jaxrescore`` with no command lists the commands on stdout and exits with status 2 (it did
+  no work: a script that forgot the command notices);
+- bad arguments, unreadable or invalid model/corpus files and bad output paths get ONE line on
+  stderr and exit status 2; a library error while running gets one line and status 1
+  (``JAXRESCORE_TRACEBACK=1`` shows the traceback instead);
+- on a terminal, stderr shows what each long stage is doing (and the draft index's progress
+  bar); the answer table is printed as soon as it is proven, the comparisons after it;
+- output fits 100 columns; log-probs are natural logs, in nats.
 """
 
 from __future__ import annotations
@@ -13,6 +23,11 @@ import sys
 from pathlib import Path
 
 USAGE_ERROR = 2
+RUN_ERROR = 1
+# Kept here (not imported from jaxrescore.demo) so that building the parser imports nothing.
+TRAIN_STEPS = 7000
+TRAIN_SEED = 0
+DEFAULT_CORPUS_ORDER = 3
 
 
 class UsageError(Exception):
@@ -23,6 +38,16 @@ class _Parser(argparse.ArgumentParser):
     # argparse prints the whole usage block on error; one line is easier to read and to grep.
     def error(self, message: str):
         raise UsageError(f"{self.prog}: error: {message}")
+
+
+def version() -> str:
+    """The installed package's version, read from its metadata (no jax import)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("jaxrescore")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _int_at_least(minimum: int, what: str):
@@ -81,18 +106,31 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from jaxrescore import demo
+EPILOG = (
+    "Log-probs are natural logs, in nats. Without a command: lists the commands, exit status 2. "
+    "Exit status 2: bad arguments or files; 1: an error while running. Run 'jaxrescore COMMAND "
+    "--help' for a command's options."
+)
 
-    parser = _Parser(prog="jaxrescore", description="Speculative enumeration in JAX.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (imports nothing heavy, so ``--help`` is fast)."""
+    parser = _Parser(
+        prog="jaxrescore",
+        description="Speculative enumeration in JAX: a cheap draft model orders the candidates, "
+        "the target scores them, and the answer is proven exact.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"jaxrescore {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser(
         "demo",
-        help="top-k US first names: n-gram draft orders, shipped transformer scores",
+        help="top-k US first names: a character n-gram draft, the shipped transformer target",
         description="The most probable US first names under a small character transformer (the "
         "target), found through a character n-gram (the draft) and PROVEN exact; beside it, the "
         "cost of an exact best-first search over the target and the gap-certified query.",
+        epilog=EPILOG,
     )
     _add_query_args(p)
     p.add_argument(
@@ -104,34 +142,63 @@ def build_parser() -> argparse.ArgumentParser:
         "above the answers, plus a 1-nat margin; an assumption, not a proof)",
     )
     p.add_argument("--prefix", default="", help="only names starting with this (lowercase a-z)")
-    p.add_argument("--target", type=Path, default=None, help="target weights (default: shipped)")
+    p.add_argument(
+        "--target", type=Path, default=None,
+        help="target weights (default: shipped; e.g. the file 'jaxrescore train' wrote)",
+    )
 
     p = sub.add_parser(
         "enumerate",
-        help="proven top-k of your own saved target, found through your own saved draft",
-        description="Speculative exact search with models saved by jaxrescore.models.save_model.",
+        help="proven top-k of your own saved target, through your own draft",
+        description="Speculative exact search with your models: a target saved with "
+        "jaxrescore.models.save_model (TransformerLM, its int8 twin or an NGramLM), and a draft "
+        "that is either another saved model or an n-gram fitted here on a corpus file. Sequences "
+        "print as text when the models carry a vocabulary (save_model(..., vocabulary=...)), "
+        "else as token ids.",
+        epilog=EPILOG,
     )
     p.add_argument("--target", type=Path, required=True, help="saved target model")
-    p.add_argument("--draft", type=Path, required=True, help="saved draft model")
+    draft = p.add_mutually_exclusive_group(required=True)
+    draft.add_argument("--draft", type=Path, help="saved draft model")
+    draft.add_argument(
+        "--draft-corpus", type=Path, metavar="FILE",
+        help="fit an n-gram draft on this text file: one sequence per line, optionally "
+        "TAB and a count; text read with the target's vocabulary, else token ids",
+    )
+    p.add_argument(
+        "--draft-order", type=_positive_int, default=DEFAULT_CORPUS_ORDER, metavar="N",
+        help=f"order of the n-gram fitted with --draft-corpus (default {DEFAULT_CORPUS_ORDER})",
+    )
     _add_query_args(p)
     p.add_argument(
         "--gap", type=_gap, default=None,
         help="assumed max target - draft gap (nats) for a gap-certified query too; none = proof only"
     )
-    p.add_argument("--prompt", type=_token_list, default=(), help="prompt token ids, e.g. 3,1,4")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", type=_token_list, default=(), help="prompt token ids, e.g. 3,1,4")
+    prompt.add_argument("--prompt-text", default=None, help="prompt as text (models with a vocabulary)")
     p.add_argument("--bits", type=float, default=None, help="draft index depth budget in bits")
 
     p = sub.add_parser(
         "train",
         help="retrain the demo's target transformer on the shipped names",
         description="Retrain the demo target (same code as scripts/train_demo.py): 7000 adamw "
-        "steps of 256 names sampled by birth count, about 9 minutes on 2 CPU cores.",
+        "steps of 256 names sampled by birth count, about 9 minutes on 2 CPU cores. The output "
+        "path is checked before training starts. Use the result with 'jaxrescore demo --target "
+        "PATH'.",
+        epilog=EPILOG,
     )
     p.add_argument(
-        "--out", type=Path, default=None, help="where to write the weights (default: shipped)"
+        "--out", type=Path, default=None,
+        help="where to write the weights (default: $XDG_DATA_HOME/jaxrescore/names_target.npz, "
+        "i.e. ~/.local/share/jaxrescore/names_target.npz; never inside the installed package)",
     )
-    p.add_argument("--steps", type=_positive_int, default=demo.TRAIN_STEPS)
-    p.add_argument("--seed", type=_non_negative_int, default=demo.TRAIN_SEED)
+    p.add_argument(
+        "--force", action="store_true",
+        help="allow --out to be the weights shipped inside the package (replaces the demo's target)",
+    )
+    p.add_argument("--steps", type=_positive_int, default=TRAIN_STEPS)
+    p.add_argument("--seed", type=_non_negative_int, default=TRAIN_SEED)
     return parser
 
 
@@ -153,42 +220,98 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
-def _emit(result: dict, as_json: bool, table) -> None:
-    if as_json:
-        print(json.dumps(result))
+class Status:
+    """One status line on stderr saying what a long run is doing; silent unless ``enabled`` (a
+    terminal: no stray lines in pipes and logs)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.shown = False
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r\033[Kjaxrescore: {text}...")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def _run(args, status: Status) -> int:
+    from jaxrescore import demo
+
+    as_json = getattr(args, "json", False)
+
+    def show_answer(fmt):
+        def shown(partial: dict) -> None:
+            status.clear()
+            print(fmt(partial), flush=True)
+
+        return None if as_json else shown
+
+    if args.command == "train":
+        path = demo.check_train_output(args.out, force=args.force)  # before minutes of training
+        if status.enabled:
+            print(f"jaxrescore: training the demo target for {args.steps} steps, then writing {path}",
+                  file=sys.stderr)
+        path = demo.train_demo_target(
+            out=path, steps=args.steps, seed=args.seed, progress=status.enabled, force=args.force
+        )
+        print(f"wrote {path}\nuse it with: jaxrescore demo --target {path}")
+        return 0
+    if args.command == "demo":
+        result = demo.run_demo(
+            k=args.k, window=args.window, gap=args.gap, prefix=args.prefix, target_path=args.target,
+            progress=status.enabled, on_stage=status, on_answer=show_answer(demo.format_demo_answer),
+        )
+        details = demo.format_demo_details
     else:
-        print(table(result))
+        result = demo.run_enumerate(
+            target_path=args.target, draft_path=args.draft, draft_corpus=args.draft_corpus,
+            draft_order=args.draft_order, k=args.k, window=args.window, gap=args.gap,
+            prompt=args.prompt, prompt_text=args.prompt_text, bits=args.bits,
+            progress=status.enabled, on_stage=status,
+            on_answer=show_answer(demo.format_enumerate_answer),
+        )
+        details = demo.format_enumerate_details
+    status.clear()
+    print(json.dumps(result) if as_json else details(result))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jaxrescore`` console script and ``python -m jaxrescore``."""
-    from jaxrescore import demo
-
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except UsageError as err:
         print(err, file=sys.stderr)
         return USAGE_ERROR
-    enable_compilation_cache()
-    # A bar only where someone watches it: not under --json, not into a pipe or a log file.
-    progress = not getattr(args, "json", False) and sys.stderr.isatty()
-    try:
-        if args.command == "demo":
-            result = demo.run_demo(
-                k=args.k, window=args.window, gap=args.gap, prefix=args.prefix,
-                target_path=args.target, progress=progress,
-            )
-            _emit(result, args.json, demo.format_demo)
-        elif args.command == "enumerate":
-            result = demo.run_enumerate(
-                target_path=args.target, draft_path=args.draft, k=args.k, window=args.window,
-                gap=args.gap, prompt=args.prompt, bits=args.bits, progress=progress,
-            )
-            _emit(result, args.json, demo.format_enumerate)
-        else:
-            path = demo.train_demo_target(out=args.out, steps=args.steps, seed=args.seed)
-            print(f"wrote {path}")
-    except (demo.DemoArgumentError, FileNotFoundError) as err:
-        print(f"jaxrescore {args.command}: error: {err}", file=sys.stderr)
+    if args.command is None:
+        parser.print_help()
         return USAGE_ERROR
-    return 0
+    from jaxrescore import demo
+
+    enable_compilation_cache()
+    # Stage messages and bars only where someone watches them: not into a pipe or a log file.
+    status = Status(sys.stderr.isatty())
+    try:
+        return _run(args, status)
+    except (demo.DemoArgumentError, FileNotFoundError, IsADirectoryError) as err:
+        status.clear()
+        print(f"jaxrescore {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return USAGE_ERROR
+    except (ValueError, TypeError, OSError) as err:
+        status.clear()
+        if os.environ.get("JAXRESCORE_TRACEBACK"):
+            raise
+        print(f"jaxrescore {args.command}: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+        return RUN_ERROR
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())

@@ -106,11 +106,15 @@ def test_demo_prefix(capsys):
         (["demo", "--prefix", "abcdefghijklmno"], "at most 14 letters"),
         (["demo", "--bogus"], "unrecognized arguments"),
         (["frobnicate"], "invalid choice"),
-        ([], "required"),
         (["enumerate", "--target", "/nonexistent.npz", "--draft", "/nonexistent.npz"], "no model file"),
         (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1,a"], "comma-separated"),
         (["train", "--steps", "0"], "positive integer"),
         (["enumerate", "--target", "x", "--draft", "y", "--bits", "-1"], "bits must be"),
+        (["enumerate", "--target", "x"], "one of the arguments --draft --draft-corpus is required"),
+        (["enumerate", "--target", "x", "--draft", "y", "--draft-corpus", "z"], "not allowed with"),
+        (["enumerate", "--target", "x", "--draft", "y", "--draft-order", "0"], "positive integer"),
+        (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1", "--prompt-text", "a"], "not allowed"),
+        (["train", "--out", "/"], "is a folder"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, fragment):
@@ -191,3 +195,227 @@ def test_proven_names_meet_the_bar(k, prefix):
     exact = out["exact_best_first"]
     assert exact["same_answer"] is True
     assert out["target_calls"] <= 8 and out["target_sequences"] < exact["forwards"]
+
+
+# ---- issue 14 (CLI) and issue 10 item 12 --------------------------------------------------------
+
+
+def test_version_and_no_command(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"jaxrescore {metadata.version('jaxrescore')}"
+    assert main([]) == 2  # documented: no command lists the commands, exit status 2
+    out = capsys.readouterr().out
+    assert all(f"    {c}" in out for c in ("demo", "enumerate", "train")) and "nats" in out
+
+
+LAZY_HELP = """
+import sys, types
+# The package as a lazy __init__ would leave it: only the path, nothing imported yet.
+pkg = types.ModuleType("jaxrescore"); pkg.__path__ = [{path!r}]; sys.modules["jaxrescore"] = pkg
+from jaxrescore.cli import main
+for argv in (["--help"], ["demo", "--help"], ["enumerate", "--help"], ["train", "--help"], []):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+heavy = sorted(m for m in ("jax", "jaxlib", "flax", "optax", "numpy") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+
+
+def test_the_parser_imports_nothing_heavy():
+    """cli.py builds its parser and answers --help without jax, flax, optax or even numpy."""
+    import jaxrescore
+
+    code = LAZY_HELP.format(path=os.path.dirname(jaxrescore.__file__))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout, proc.stdout[-300:]
+
+
+def test_help_does_not_import_jax():
+    """The real entry point. Needs jaxrescore/__init__.py to import its submodules lazily; until
+    it does, importing the package alone pulls in jax and this test is skipped (the test above
+    covers cli.py itself)."""
+    probe = "import sys, jaxrescore; print('jax' in sys.modules)"
+    eager = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if eager.stdout.strip() == "True":
+        pytest.skip("jaxrescore/__init__.py imports jax eagerly (see the lazy-import request)")
+    code = "import runpy, sys; sys.argv = ['jaxrescore', '--help']\ntry:\n    runpy.run_module('jaxrescore', run_name='__main__')\nexcept SystemExit:\n    pass\nprint('JAX', 'jax' in sys.modules, 'flax' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "JAX False False" in proc.stdout, proc.stdout[-300:] + proc.stderr[-300:]
+
+
+def test_cli_and_demo_agree_on_training_defaults():
+    from jaxrescore import cli, demo
+
+    assert (cli.TRAIN_STEPS, cli.TRAIN_SEED, cli.DEFAULT_CORPUS_ORDER) == (
+        demo.TRAIN_STEPS, demo.TRAIN_SEED, demo.DEFAULT_CORPUS_ORDER)
+
+
+def test_demo_streams_the_answer_before_the_comparisons():
+    from jaxrescore.demo import format_demo_answer, run_demo
+
+    events = []
+    out = run_demo(
+        k=3, window=64, gap=1.0, progress=False,
+        on_stage=lambda text: events.append(("stage", text)),
+        on_answer=lambda partial: events.append(("answer", partial)),
+    )
+    kinds = [e[0] if e[0] == "answer" else e[1].split()[0] for e in events]
+    assert kinds == ["loading", "building", "answer", "exact", "estimating"], kinds
+    partial = events[2][1]
+    assert partial["items"] == out["items"] and "exact_best_first" not in partial
+    table = format_demo_answer(partial)
+    assert "john" in table and "nats" in table and max(map(len, table.splitlines())) <= 100
+
+
+def test_status_line_only_when_enabled(capsys):
+    from jaxrescore.cli import Status
+
+    quiet = Status(False)
+    quiet("working")
+    quiet.clear()
+    assert capsys.readouterr().err == ""
+    loud = Status(True)
+    loud("building the index")
+    loud.clear()
+    err = capsys.readouterr().err
+    assert "building the index" in err and err.endswith("\r\033[K")
+
+
+def test_json_keeps_assumed_and_observed_gap_apart_and_ranks_in_items(capsys):
+    out = run_json(capsys, "demo", "--json", "--k", "3", "--window", "64", "--gap", "0.5")
+    cert = out["gap_certified"]
+    assert cert["assumed_gap"] == 0.5 and cert["gap"] != cert["assumed_gap"] and "excess" in cert
+    assert all("birth_rank" in item for item in out["items"])
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    names = folder / "names.tsv"
+    names.write_text("".join(f"{n}\t{c}\n" for n, c in load_names()[:3000]))
+    ids = folder / "ids.txt"
+    ids.write_text("0 1\n2\n\n1,1,0\n0\t3\n")  # the tiny models' vocabulary 0..2, eos 3 appended
+    bad = folder / "bad.txt"
+    bad.write_text("0 1\nzz\n")
+    return names, ids, bad
+
+
+def test_enumerate_decodes_text_and_fits_an_ngram_draft_from_a_corpus(capsys, corpus_files):
+    from jaxrescore.demo import shipped_target_path
+
+    names, _, _ = corpus_files
+    target = str(shipped_target_path())
+    out = run_json(capsys, "enumerate", "--target", target, "--draft-corpus", str(names),
+                   "--draft-order", "4", "--k", "5", "--prompt-text", "ma", "--json")
+    texts = [i["text"] for i in out["items"]]
+    assert out["proven"] is True and out["vocabulary"] is True
+    assert all(t.startswith("ma") for t in texts) and "mary" in texts
+    demo_out = run_json(capsys, "demo", "--json", "--k", "5", "--prefix", "ma")
+    assert texts == [i["text"] for i in demo_out["items"]]  # the same proven answer, any draft
+    assert main(["enumerate", "--target", target, "--draft-corpus", str(names), "--k", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "john" in text and "nats" in text and max(map(len, text.splitlines())) <= 100
+
+
+def test_enumerate_corpus_of_token_ids_and_bad_corpus_lines(capsys, tiny_models, corpus_files):
+    target_path, _ = tiny_models
+    _, ids, bad = corpus_files
+    out = run_json(capsys, "enumerate", "--target", target_path, "--draft-corpus", str(ids),
+                   "--k", "3", "--json")
+    assert out["proven"] is True and out["vocabulary"] is False
+    assert all(i["text"] == " ".join(map(str, i["tokens"])) for i in out["items"])
+    assert main(["enumerate", "--target", target_path, "--draft-corpus", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.txt:2" in err and "no vocabulary" in err, err
+    assert main(["enumerate", "--target", target_path, "--draft-corpus", str(ids),
+                 "--prompt-text", "a"]) == 2
+    assert "vocabulary" in capsys.readouterr().err
+
+
+def test_enumerate_models_with_a_vocabulary_print_text(capsys, tmp_path):
+    from jaxrescore.models.checkpoint import save_model
+    from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+
+    cfg = TransformerConfig(vocab_size=4, d_model=8, n_layers=1, n_heads=2, max_len=4, eos=3)
+    words = ["red", "green", "blue", "<end>"]
+    for name, seed in (("t", 0), ("d", 1)):
+        save_model(TransformerLM(cfg, seed=seed), tmp_path / f"{name}.npz", vocabulary=words)
+    out = run_json(capsys, "enumerate", "--target", str(tmp_path / "t.npz"), "--draft",
+                   str(tmp_path / "d.npz"), "--k", "4", "--prompt-text", "blue", "--json")
+    assert out["prompt"] == [2]
+    for item in out["items"]:
+        assert item["text"] == " ".join(["blue"] + [words[t] for t in item["tokens"][:-1]])
+
+
+@pytest.mark.parametrize("target_len, draft_len", [(3, 6), (6, 3)])
+def test_enumerate_target_and_draft_of_different_lengths(capsys, tmp_path, target_len, draft_len):
+    from jaxrescore.models.checkpoint import save_model
+    from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+
+    for name, n, seed in (("t", target_len, 0), ("d", draft_len, 1)):
+        cfg = TransformerConfig(vocab_size=4, d_model=8, n_layers=1, n_heads=2, max_len=n, eos=3)
+        save_model(TransformerLM(cfg, seed=seed), tmp_path / f"{name}.npz")
+    out = run_json(capsys, "enumerate", "--target", str(tmp_path / "t.npz"), "--draft",
+                   str(tmp_path / "d.npz"), "--k", "20", "--window", "0", "--gap", "1", "--json")
+    assert out["proven"] is True and all(len(i["tokens"]) <= target_len for i in out["items"])
+    # k=20 exceeds the short target's support (13 sequences): the rest are counted, not listed
+    assert len(out["items"]) + out["outside_target_support"] == 20
+    assert len(out["items"]) == (13 if target_len == 3 else 20)
+
+
+def test_a_corrupted_model_file_is_one_line_exit_2(capsys, tmp_path, tiny_models):
+    target_path, draft_path = tiny_models
+    data = bytearray(open(target_path, "rb").read())
+    data[len(data) // 2] ^= 0x55
+    bad = tmp_path / "flipped.npz"
+    bad.write_bytes(bytes(data))
+    assert main(["enumerate", "--target", str(bad), "--draft", draft_path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "flipped.npz" in err and "Traceback" not in err, err
+
+
+def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkeypatch):
+    from jaxrescore.demo import check_train_output, default_train_path, shipped_target_path
+    from jaxrescore.models.checkpoint import load_model
+
+    shipped = shipped_target_path()
+    before = shipped.read_bytes()
+    assert main(["train", "--steps", "3", "--out", str(shipped)]) == 2  # refused before training
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--force" in err and shipped.read_bytes() == before
+    assert check_train_output(shipped, force=True) == shipped  # allowed only when forced
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    path = default_train_path()
+    assert path == tmp_path / "data" / "jaxrescore" / "names_target.npz"
+    assert shipped.parent not in path.parents
+    assert main(["train", "--steps", "3"]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    model = load_model(path)
+    assert model.vocabulary[:3] == ("a", "b", "c") and shipped.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_train_checks_the_folder_is_writable_first(capsys, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert main(["train", "--out", str(locked / "t.npz")]) == 2
+        assert "cannot write" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)
+
+
+def test_train_refuses_an_unwritable_place_before_training(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["train", "--out", str(blocker / "sub" / "t.npz")]) == 2  # parent is a file
+    assert "cannot write" in capsys.readouterr().err
