@@ -28,6 +28,8 @@ from jaxrescore.sequences import SequenceBatch
 
 # Default number of top next-token log-probs a forward keeps per position.
 DEFAULT_TOP_M = 32
+# Up to this vocabulary, a forward asked for top_m >= V ships whole rows (unordered) instead.
+FULL_ROWS_MAX_VOCAB = 256
 # Score tolerances (nats), see the module docstring. float32 covers the measured 1.75e-4 with a
 # 5x margin; a table model (per-prefix function, n-gram lookup) returns the same float32 row for a
 # prefix in every batch, so only float64 summation order is left.
@@ -53,7 +55,8 @@ class FrontierScores(NamedTuple):
     Attributes:
       scores: float64[N], the sequences' log-probs (the sum of ``steps``).
       steps: float64[N, W], each scored step's log-prob (clipped to <= 0), 0 at padding.
-      top_lps: float32[N, W, m], the ``m`` largest next-token log-probs, descending (clipped).
+      top_lps: float32[N, W, m], the ``m`` largest next-token log-probs, descending (clipped);
+        when ``m`` covers the whole vocabulary they are the whole row, in any order.
       top_ids: int32[N, W, m], their token ids.
       eos_lps: float32[N, W], the log-prob of ``eos`` at each position (-inf without an eos).
     """
@@ -127,16 +130,19 @@ def assemble(batch: SequenceBatch, skip, steps, top_lps, top_ids, eos_lps) -> Fr
 
 
 def host_top_m(rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``m`` largest entries of each row of ``rows: float[B, V]``, descending, and their ids
-    (``-inf`` / id 0 pad rows narrower than ``m``). NaN is never in a model row (checked)."""
+    """The ``m`` largest entries of each row of ``rows: float[B, V]`` and their ids: descending
+    when ``m < V``; the whole row (padded with ``-inf`` / id 0 to ``m``), unordered, otherwise —
+    a proof needs no order among a whole row. NaN is never in a model row (checked)."""
     b, v = rows.shape
-    if v < m:
-        rows = np.concatenate([rows, np.full((b, m - v), -np.inf, rows.dtype)], axis=1)
-        v = m
-    ids = np.argpartition(-rows, m - 1, axis=1)[:, :m] if m < v else np.broadcast_to(np.arange(v), (b, v)).copy()
-    vals = np.take_along_axis(rows, ids, axis=1)
-    order = np.argsort(-vals, axis=1, kind="stable")
-    vals = np.take_along_axis(vals, order, axis=1).astype(np.float32)
-    ids = np.take_along_axis(ids, order, axis=1).astype(np.int32)
+    if m >= v:
+        vals = np.full((b, m), -np.inf, np.float32)
+        vals[:, :v] = rows
+        ids = np.zeros((b, m), np.int32)
+        ids[:, :v] = np.arange(v)
+        return vals, ids
+    part = np.argpartition(-rows, m - 1, axis=1)[:, :m]  # O(V) per row, then sort only the m kept
+    ids = np.take_along_axis(part, np.argsort(-np.take_along_axis(rows, part, axis=1), axis=1), axis=1)
+    vals = np.take_along_axis(rows, ids, axis=1).astype(np.float32)
+    ids = ids.astype(np.int32)
     ids[vals == -np.inf] = 0
     return vals, ids
