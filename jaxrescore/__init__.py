@@ -1,52 +1,63 @@
 """jaxrescore: speculative enumeration in JAX.
 
 A cheap draft model builds the enumeration index; the expensive target scores only the candidates
-a query returns, in one batched teacher-forcing forward; a certificate says when the answer is
-provably the target's true top-k under an assumed draft/target gap.
+a query returns, in one batched teacher-forcing forward. Every answer says whether it is PROVEN
+the target's exact top-k (no assumption: the target's own next-token distributions bound every
+sequence it did not score; ``top_k(k, prove=True)`` searches until it is), and whether it is
+certified under an assumed draft/target gap (the spec's certificate).
+
+The names below load on first use (PEP 562), so ``import jaxrescore`` and the command line's
+``--help`` do not pay for importing JAX and flax.
 """
 
-from jaxrescore.compilation_cache import enable_compilation_cache
-from jaxrescore.index import AREnvelopeIndex, SeekIndex
-from jaxrescore.models import (
-    CallableModel,
-    NGramLM,
-    TransformerConfig,
-    TransformerLM,
-    distill,
-    estimate_gap,
-    from_apply_fn,
-    load_model,
-    quantize_int8,
-    save_model,
-    train_lm,
-)
-from jaxrescore.quantize import Quantizer
-# The pure core stays at ``jaxrescore.rescore.rescore``: re-exporting the function here would
-# shadow the ``jaxrescore.rescore`` subpackage.
-from jaxrescore.rescore import GapCarry, RescoredIndex, RescoreResult, init_carry, rescore_many
-from jaxrescore.sequences import SequenceBatch
+from __future__ import annotations
 
-__all__ = [
-    "AREnvelopeIndex",
-    "CallableModel",
-    "GapCarry",
-    "NGramLM",
-    "Quantizer",
-    "RescoreResult",
-    "RescoredIndex",
-    "SeekIndex",
-    "SequenceBatch",
-    "TransformerConfig",
-    "TransformerLM",
-    "distill",
-    "enable_compilation_cache",
-    "estimate_gap",
-    "from_apply_fn",
-    "init_carry",
-    "load_model",
-    "quantize_int8",
-    "rescore_many",
-    "save_model",
-    "train_lm",
-]
+import importlib
+import importlib.util
+
+# name -> the module that defines it.
+_EXPORTS = {
+    "AREnvelopeIndex": "jaxrescore.index",
+    "CallableModel": "jaxrescore.models",
+    "GapCarry": "jaxrescore.rescore",
+    "NGramLM": "jaxrescore.models",
+    "Quantizer": "jaxrescore.quantize",
+    "RescoreResult": "jaxrescore.rescore",
+    "RescoredIndex": "jaxrescore.rescore",
+    "SeekIndex": "jaxrescore.index",
+    "SequenceBatch": "jaxrescore.sequences",
+    "TransformerConfig": "jaxrescore.models",
+    "TransformerLM": "jaxrescore.models",
+    "distill": "jaxrescore.models",
+    "enable_compilation_cache": "jaxrescore.compilation_cache",
+    "estimate_gap": "jaxrescore.models",
+    "estimate_top_gap": "jaxrescore.models",
+    "from_apply_fn": "jaxrescore.models",
+    "init_carry": "jaxrescore.rescore",
+    "load_model": "jaxrescore.models",
+    "quantize_int8": "jaxrescore.models",
+    # The pure core stays at ``jaxrescore.rescore.rescore``: re-exporting the function here would
+    # shadow the ``jaxrescore.rescore`` subpackage.
+    "rescore_many": "jaxrescore.rescore",
+    "save_model": "jaxrescore.models",
+    "train_lm": "jaxrescore.models",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        # Submodules (``jaxrescore.rescore``, ``jaxrescore.models``...) load on first use too.
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'jaxrescore' has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
