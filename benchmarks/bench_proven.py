@@ -81,6 +81,19 @@ def window_sweep(windows, k=25):
     return out
 
 
+def branch_sweep(branches, ks=(25, 100), window=PROVE_WINDOW):
+    """The proof's cost with ``completion_branch`` b: greedy (1) against a small best-first."""
+    target, draft = _models("")
+    index = SeekIndex(draft, progress=False).ensure_count(20000)
+    out = []
+    for k in ks:
+        for b in branches:
+            ri = RescoredIndex(index, target, rerank_window=window, completion_branch=b)
+            assert ri.top_k(k, prove=True).proven
+            out.append([f"top-{k}", b, ri.target_calls, ri.target_sequences])
+    return out
+
+
 def run(quick: bool = False, out_dir=None) -> str:
     queries = ((10, "", PROVE_WINDOW),) if quick else ((25, "", PROVE_WINDOW), (100, "", PROVE_WINDOW), (25, "ma", PROVE_WINDOW))
     repeats = 1 if quick else 3
@@ -122,6 +135,11 @@ The first rerank window only moves the proof's cost (top-25), which chose the de
 {PROVE_WINDOW}:
 
 {table(["first window", "target calls", "target sequences (top-25, prove=True)"], sweep, "rrr")}
+
+How the draft speculates each open exit: greedily (`completion_branch=1`, the default) or as a
+small best-first, forking into its b likeliest next tokens, each completed greedily:
+
+{table(["query", "completion_branch", "target calls", "target sequences"], branch_sweep([1, 2, 3]), "lrrr")}
 """
     text += """
 What `proven` guarantees: the returned items are the target's exact top-k (or slice) over its

@@ -52,7 +52,7 @@ CASES = [
 ]
 
 
-def battery(cases, *, windows=(0, 3), slices=((0, 1), (0, 4), (2, 3)), top_m=32, index="seek"):
+def battery(cases, *, windows=(0, 3), slices=((0, 1), (0, 4), (2, 3)), top_m=32, index="seek", branch=1):
     """Run plain and proving queries; returns (wrong proofs, unproven searches, queries)."""
     wrong, unproven, n = [], [], 0
     for vocab, max_len, eos, kind, seed in cases:
@@ -62,7 +62,8 @@ def battery(cases, *, windows=(0, 3), slices=((0, 1), (0, 4), (2, 3)), top_m=32,
         for window in windows:
             for start, k in slices:
                 idx = SeekIndex(d_model) if index == "seek" else BruteIndex(draft, budget_bits=6)
-                ri = RescoredIndex(idx, t_model, rerank_window=window, top_m=top_m, draft_model=d_model)
+                ri = RescoredIndex(idx, t_model, rerank_window=window, top_m=top_m, draft_model=d_model,
+                                   completion_branch=branch)
                 for prove in (False, True):
                     r = ri.slice(start, k, prove=prove)
                     n += 1
@@ -84,6 +85,12 @@ def test_narrow_top_m_fetches_rows_and_still_proves():
     """top_m=1 leaves almost every exit a "rest" exit: the search fetches full rows for them."""
     cases = [c for c in CASES if c[4] == 0 and c[3] in ("noisy", "adversarial")]
     wrong, unproven, _ = battery(cases, windows=(1,), slices=((0, 3), (1, 2)), top_m=1)
+    assert wrong == [] and unproven == []
+
+
+def test_small_best_first_completions_prove_too():
+    cases = [c for c in CASES if c[4] == 2 and c[3] in ("useless", "adversarial")]
+    wrong, unproven, _ = battery(cases, windows=(0,), slices=((0, 3),), branch=3)
     assert wrong == [] and unproven == []
 
 

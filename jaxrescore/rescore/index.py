@@ -174,6 +174,8 @@ class RescoredIndex:
         the search completes with the target itself, one target call per token.
       top_m: next-token log-probs kept per position of the target's forward for the frontier
         bound (more: fewer full-row fetches on a wide vocabulary, more memory).
+      completion_branch: paths the search speculates per open exit: the draft's likeliest
+        ``completion_branch`` tokens after the exit, each completed greedily (1: greedy only).
 
     The certificate needs ``target(u) <= draft(u) + assumed_gap`` for every sequence ``u`` that
     scores above the worst returned item (``|target - draft| <= assumed_gap`` everywhere is the
@@ -192,10 +194,12 @@ class RescoredIndex:
         assumed_gap: float | None = None,
         draft_model: Any = None,
         top_m: int = DEFAULT_TOP_M,
+        completion_branch: int = 1,
     ):
         self.rerank_window = require_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
         self.top_m = check_top_m(top_m)
+        self.completion_branch = require_int(completion_branch, "completion_branch", minimum=1)
         self._draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index
@@ -458,9 +462,8 @@ class RescoredIndex:
         from jaxrescore.rescore.scored import target_structure
 
         structure = target_structure(self.target)
-        if self.draft_model is not None:
-            return greedy_complete(self.draft_model, prefixes, structure)
-        return greedy_complete(self.target, prefixes, structure)
+        model = self.draft_model if self.draft_model is not None else self.target
+        return greedy_complete(model, prefixes, structure, self.completion_branch)
 
     def _draft_scores(self, seqs: list) -> np.ndarray:
         model = self.draft_model

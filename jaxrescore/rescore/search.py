@@ -117,9 +117,11 @@ def completion_model(draft_index: Any, draft_model: Any, target: Any):
     return model
 
 
-def greedy_complete(model, prefixes: list, structure: Structure) -> list:
+def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1) -> list:
     """Complete each prefix into a sequence of the target's support by taking the model's likeliest
-    next token (batched over prefixes, one model call per step). A terminating target's rows
+    next token (batched over prefixes, one model call per step). With ``branch > 1`` the first
+    step after each prefix forks into the model's ``branch`` likeliest tokens, each then completed
+    greedily (a small best-first: more speculated paths per round). A terminating target's rows
     end with ``eos`` (forced at ``max_len - 1``), a fixed-length target's at ``max_len`` tokens."""
     rows = [list(p) for p in prefixes]
     eos, max_len = structure.eos, structure.max_len
@@ -128,6 +130,7 @@ def greedy_complete(model, prefixes: list, structure: Structure) -> list:
     def done(r):
         return (eos is not None and r and r[-1] == eos) or len(r) >= max_len
 
+    first = True
     while True:
         alive = [i for i, r in enumerate(rows) if not done(r)]
         if eos is not None:  # the last position: only eos leads into the support
@@ -135,7 +138,7 @@ def greedy_complete(model, prefixes: list, structure: Structure) -> list:
                 rows[i].append(eos)
             alive = [i for i in alive if not done(rows[i])]
         if not alive:
-            return [tuple(r) for r in rows]
+            return list(dict.fromkeys(tuple(r) for r in rows))
         if any(len(rows[i]) >= limit for i in alive):
             raise ValueError(
                 f"the completion model (max_len={limit}) cannot extend a prefix to the target's "
@@ -146,10 +149,15 @@ def greedy_complete(model, prefixes: list, structure: Structure) -> list:
         for j, i in enumerate(alive):
             toks[j, : len(rows[i])] = rows[i]
         lens = np.array([len(rows[i]) for i in alive], np.int32)
-        lp = np.asarray(model.next_logprobs(toks, lens), np.float64)
-        best = np.argmax(np.where(np.isnan(lp), -np.inf, lp), axis=1)
+        lp = np.where(np.isnan(lp := np.asarray(model.next_logprobs(toks, lens), np.float64)), -np.inf, lp)
+        take = branch if first else 1
+        order = np.argsort(-lp, axis=1, kind="stable")[:, :take]
         for j, i in enumerate(alive):
-            rows[i].append(int(best[j]))
+            for t in order[j, 1:]:
+                if np.isfinite(lp[j, t]):
+                    rows.append(rows[i] + [int(t)])
+            rows[i].append(int(order[j, 0]))
+        first = False
 
 
 class SearchBudget(NamedTuple):
