@@ -203,8 +203,9 @@ class TransformerLM(JaxLM):
       mesh: optional ``jax.sharding.Mesh``: shard the batch axis of forwards (data parallel).
 
     Attributes:
-      config: the config. ``params``: the weights state (an ``nnx.State``) passed to every jitted
-      forward; assign a new state of the same structure to update the model.
+      config: the config.
+      params: the weights state (an ``nnx.State``) passed to every jitted forward; assign a new
+        state of the same structure to update the model.
     """
 
     def __init__(self, config: TransformerConfig, *, seed: int = 0, mesh=None):
