@@ -268,3 +268,20 @@ def test_rescore_many_searches_every_prompt_with_one_call_per_round():
         alone = RescoredIndex(SeekIndex(d_model.with_prompt(p)), t_model.with_prompt(p), rerank_window=0).top_k(3, prove=True)
         assert r.proven is True and alone.proven is True
         np.testing.assert_allclose([lp for _, lp in r.items], [lp for _, lp in alone.items], atol=1e-9)
+
+
+def test_proof_over_the_envelope_index():
+    """The envelope index's order is only approximate (never certifies), but the proof does not
+    depend on the draft's order: it holds over the envelope too."""
+    from jaxrescore import AREnvelopeIndex
+
+    for eos, seed in ((None, 51), (2, 52)):
+        target = TableModel(3, 4, seed, eos=eos, temperature=2.0)
+        draft = draft_for(target, "noisy", seed + 1)
+        env = AREnvelopeIndex(as_model(draft), n_paths=16, seed=0)
+        ri = RescoredIndex(env, as_model(target), rerank_window=2, assumed_gap=100.0)
+        for k in (1, 4):
+            r = ri.top_k(k, prove=True)
+            assert r.proven is True and is_exact_slice(r, target, 0, k), r.proof_reason
+            plain = ri.top_k(k)
+            assert plain.certified is not True or "exhausted" in plain.reason
