@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -12,7 +14,13 @@
 # ---
 
 # %% tags=["skip-execution"]
-# %pip install jaxrescore
+# jaxrescore is not on PyPI: install it from its source. JAXRESCORE_SOURCE is one of
+#  - the source archive, uploaded to this session's files (in Colab: the folder icon, then upload).
+#    Make it in a checkout: git archive --format=tar.gz --prefix=jaxrescore/ -o jaxrescore.tar.gz HEAD
+#  - a git URL of a copy you can reach: "git+https://<host>/<owner>/jaxrescore.git"
+#  - the path of a checkout on this machine
+JAXRESCORE_SOURCE = "jaxrescore.tar.gz"
+# %pip install {JAXRESCORE_SOURCE}
 
 # %% [markdown]
 # # jaxrescore quickstart: the likeliest US first names, proven
@@ -160,6 +168,28 @@ cert = certifier.top_k(K, until_certified=True)
 print("certified:", cert.certified, "-", cert.reason)
 print(f"cost: {cert.rounds} rounds, {certifier.target_sequences} sequences; same answer as the proof:",
       [s for s, _ in cert.items] == [s for s, _ in result.items])
+
+# %% [markdown]
+# The certificate's geometry on the same 2,000 names: the draft index bounds the draft score of
+# everything it did not pull (`cert.bound`, green); the assumption puts every name below the
+# `target = draft + gap` line (the shaded band is what it rules out); so nothing unpulled can score
+# above `bound + gap` (purple), and the answers clear it.
+
+# %%
+fig, ax = plt.subplots(figsize=(5.5, 5))
+ax.scatter(d_lp[~is_answer], t_lp[~is_answer], s=4, alpha=0.4, label="2,000 commonest names")
+ax.scatter(d_lp[is_answer], t_lp[is_answer], s=14, color="red", label="certified top-25")
+xs = np.array([min(d_lp.min(), t_lp.min()), 0.0])
+ax.plot(xs, xs + gap, color="tab:purple", lw=1, label=f"target = draft + gap ({gap:.2f} nats)")
+ax.fill_between(xs, xs + gap, 0.0, color="tab:purple", alpha=0.08, label="ruled out by the assumed gap")
+ax.axvline(cert.bound, color="tab:green", ls="--", lw=1, label="bound: unpulled draft scores lie left")
+ax.axhline(cert.bound + gap, color="tab:purple", ls=":", lw=1.2, label="bound + gap: the certificate's bar")
+ax.set_xlim(xs[0], 0.0)
+ax.set_ylim(xs[0], 0.0)
+ax.set_xlabel("draft log-prob (6-gram, nats)")
+ax.set_ylabel("target log-prob (transformer, nats)")
+ax.legend(loc="lower right", fontsize=7)
+plt.show()
 
 # %% [markdown]
 # ## 6. A vmapped sweep
