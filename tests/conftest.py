@@ -11,3 +11,19 @@ jax.config.update(
     "jax_compilation_cache_dir",
     os.environ.get("JAXRESCORE_TEST_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")),
 )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show what the reliability battery (tests/test_battery.py) tried: each of its tests records
+    a ``battery`` user property, which also crosses from pytest-xdist workers."""
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        for key, value in getattr(report, "user_properties", ())
+        if key == "battery" and getattr(report, "when", "") == "teardown"
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "reliability battery")
+        for line in sorted(set(lines)):
+            terminalreporter.write_line(line)

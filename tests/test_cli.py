@@ -175,15 +175,6 @@ def test_enumerate_prompt_and_table(capsys, tiny_models):
     assert "proven exact (no assumption): True" in text and "gap-certified" not in text
 
 
-def test_train_writes_a_loadable_target(tmp_path, capsys):
-    from jaxrescore.demo import target_config
-    from jaxrescore.models.checkpoint import load_model
-
-    out = tmp_path / "t.npz"
-    assert main(["train", "--steps", "3", "--out", str(out)]) == 0
-    assert load_model(out).config == target_config()
-
-
 @pytest.mark.parametrize("k, prefix", [(100, ""), (25, "ma")])
 def test_proven_names_meet_the_bar(k, prefix):
     """At most 8 target calls, fewer target sequences than best-first needs prefix forwards, and
@@ -382,7 +373,7 @@ def test_a_corrupted_model_file_is_one_line_exit_2(capsys, tmp_path, tiny_models
 
 
 def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkeypatch):
-    from jaxrescore.demo import check_train_output, default_train_path, shipped_target_path
+    from jaxrescore.demo import check_train_output, default_train_path, shipped_target_path, target_config
     from jaxrescore.models.checkpoint import load_model
 
     shipped = shipped_target_path()
@@ -399,7 +390,8 @@ def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkey
     assert main(["train", "--steps", "3"]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     model = load_model(path)
-    assert model.vocabulary[:3] == ("a", "b", "c") and shipped.read_bytes() == before
+    assert model.config == target_config() and model.vocabulary[:3] == ("a", "b", "c")
+    assert shipped.read_bytes() == before
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
