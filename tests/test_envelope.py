@@ -12,6 +12,7 @@ import pytest
 import jaxrescore
 from jaxrescore import AREnvelopeIndex, RescoredIndex
 from jaxrescore.index import envelope as env_mod
+from jaxrescore.index import envelope_io
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models.callable import CallableModel
 
@@ -293,7 +294,7 @@ def test_damaged_or_foreign_files_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="env.npz failed its checksum"):
         AREnvelopeIndex.load(path, model)
     path.write_bytes(data)
-    monkeypatch.setattr(env_mod, "VERSION", env_mod.VERSION + 1)
+    monkeypatch.setattr(envelope_io, "VERSION", envelope_io.VERSION + 1)
     with pytest.raises(ValueError, match="version"):
         AREnvelopeIndex.load(path, model)
     monkeypatch.undo()

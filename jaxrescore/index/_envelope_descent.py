@@ -9,11 +9,12 @@ leaves, ``_Below`` holds the exact completions of children one step from the lea
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from jaxrescore.quantize import Quantizer
 
-DP_CELLS = 1 << 22  # rank-to-leaf matchings larger than this fall back to rank order
 SLACK_REACH = 64  # buckets past a prefix's deepest rank where overflowing ranks may still land
 
 
@@ -41,22 +42,6 @@ def _children(ix: "AREnvelopeIndex", d: int, row: np.ndarray):
     return tok, lp[tok], np.full(tok.size, last) if ix.eos is None else tok == ix.eos
 
 
-class _Below:
-    """Exact completions of children whose own children are all leaves, from their rows
-    ``float32[n, V]``: ``hist`` float64[n, M] by bucket relative to the child, ``count`` float64[n]."""
-
-    def __init__(self, ix: "AREnvelopeIndex", d: int, rows: np.ndarray):
-        ok = np.isfinite(rows)
-        if ix.eos is not None:
-            ok &= np.arange(rows.shape[1]) == ix.eos  # depth max_len - 1: only eos fits
-        r, c = np.nonzero(ok)
-        sb = np.minimum(_buckets(ix.quantizer, rows[r, c].astype(np.float64)), ix._M)
-        self.hist = np.zeros((rows.shape[0], ix._M + 1))
-        np.add.at(self.hist, (r, sb), 1.0)
-        self.hist = self.hist[:, : ix._M]
-        self.count = ok.sum(axis=1).astype(np.float64)
-
-
 class _Split:
     """How one prefix (depth ``d``, bucket ``fb``) hands its ranks, ``demand: float64[M]`` per
     bucket, to its children (see the module docstring).
@@ -71,8 +56,7 @@ class _Split:
     Everything is computed only on the buckets that hold ranks or estimated completions.
     """
 
-    def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int, extra=(),
-                 below=None):
+    def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int, extra=()):
         M = ix._M
         self.tok, self.steps, self.leaf = _children(ix, d, row)
         self.n, self.size = self.tok.size, M
@@ -80,50 +64,36 @@ class _Split:
         if self.n == 0 or self.leaf.all():
             return  # nothing to split, or a _LeafSplit takes over
         key = np.minimum(self.cfb, M)
-        if below is None:
-            brk = np.ones(self.n, bool)
-            brk[1:] = (key[1:] != key[:-1]) | (self.leaf[1:] != self.leaf[:-1])
-            gs = np.flatnonzero(brk)
-            nxt = ix._suffix[d + 1] if not self.leaf.all() else None
-        else:  # each child's real leaves: one group per child, exact completions and capacity
-            gs, nxt = np.arange(self.n), below.hist
+        brk = np.ones(self.n, bool)
+        brk[1:] = (key[1:] != key[:-1]) | (self.leaf[1:] != self.leaf[:-1])
+        gs = np.flatnonzero(brk)
+        nxt = ix._suffix[d + 1]
         self.gs, gleaf, gkey = gs, self.leaf[gs], key[gs]
         self.m = np.diff(np.append(gs, self.n)).astype(np.float64)
         self.grp = np.repeat(np.arange(gs.size), self.m.astype(np.int64))
-        if below is None:
-            kap = np.where(gleaf, 1.0, ix._caps[min(d + 1, ix.max_len)])
-        else:
-            kap = np.where(gleaf, 1.0, below.count)
+        kap = np.where(gleaf, 1.0, ix._caps[min(d + 1, ix.max_len)])
         narrow = np.unique(np.concatenate([np.flatnonzero(demand > 0), np.asarray(extra, np.int64),
                                            gkey[gleaf & (gkey < M)]]))
-        if below is None:  # per-child capacities bind often: go wide at once there
-            self._fit(narrow, demand, gkey, gleaf, nxt, False, kap)
-        if (below is not None or self.cum_o[-1] > 0) and nxt is not None and nxt.any():
-            # ranks overflow: free estimated slots anywhere may take them, so look at every bucket
-            first = np.flatnonzero(nxt.reshape(-1, M).any(axis=0))[0]
-            lo = min(int(gkey[~gleaf].min()) + int(first), M)
-            hi = min(int(narrow.max(initial=lo)) + SLACK_REACH, M)  # free slots past this stay unused
+        self._fit(narrow, demand, gkey, gleaf, nxt, kap)
+        if self.cum_o[-1] > 0 and nxt.any():
+            # ranks overflow: free estimated slots in later buckets may take them, so look there too
+            lo = min(int(gkey[~gleaf].min()) + int(np.flatnonzero(nxt)[0]), M)
+            hi = min(int(narrow.max(initial=lo)) + SLACK_REACH, M)
             wide = np.union1d(narrow, np.arange(lo, max(hi, lo)))
-            if below is not None or wide.size > narrow.size:
-                self._fit(wide, demand, gkey, gleaf, nxt, below is not None, kap)
-        elif below is not None:
-            self._fit(narrow, demand, gkey, gleaf, nxt, True, kap)
+            if wide.size > narrow.size:
+                self._fit(wide, demand, gkey, gleaf, nxt, kap)
 
-    def _fit(self, cols, demand, gkey, gleaf, nxt, per_child, kap):
+    def _fit(self, cols, demand, gkey, gleaf, nxt, kap):
         """The split on bucket columns ``cols`` (exact as long as no rank overflows or ``cols``
-        holds every bucket with estimated completions)."""
+        holds every bucket a free slot may be taken at)."""
         M = self.size
         self.cols, self.col = cols, np.full(M, -1, np.int64)
         self.col[cols] = np.arange(cols.size)
         dem = demand[cols]
         rel = cols[None, :] - gkey[:, None]
         w = (rel == 0).astype(np.float64)
-        inner = ~gleaf
-        if per_child:
-            idx = np.clip(rel[inner], 0, M - 1)
-            w[inner] = np.where(rel[inner] >= 0, nxt[np.flatnonzero(inner)[:, None], idx], 0.0)
-        elif nxt is not None:  # a continuing child's completions: the next suffix table, shifted
-            w[inner] = np.where(rel[inner] >= 0, nxt[np.clip(rel[inner], 0, M - 1)], 0.0)
+        inner = ~gleaf  # a continuing child's completions: the next suffix table, shifted
+        w[inner] = np.where(rel[inner] >= 0, nxt[np.clip(rel[inner], 0, M - 1)], 0.0)
         m = self.m[:, None]
         raw = np.cumsum(w * m, axis=0)
         cw = np.floor(raw + 0.5)  # estimated slots, cumulative over groups
@@ -243,53 +213,109 @@ class _Split:
         return int(self.cols[k0]), float(self.bd[g0, k0] + self.kept[g0, k0] + idx - self.trc[g0, k0])
 
 
-class _LeafSplit:
-    """The last step of a descent, where every child is a leaf (one sequence each). The prefix's
-    ranks, in bucket order, are matched to its leaves, in bucket order, monotonically and at the
-    least total bucket distance (a small dynamic program; the real leaf buckets rarely line up with
-    the envelope's): each leaf holds at most one rank unless the prefix got more ranks than leaves.
-    Where ranks and leaves agree (a prefix-independent model) each rank takes its own leaf."""
+def _match(unit_b: np.ndarray, comp_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Match ranks (their buckets ``unit_b``, sorted) to completions (buckets ``comp_b``, sorted,
+    ties in depth-first order): ``assign`` int64[U] (completion of each rank) and ``shared`` bool[U]
+    (more ranks than completions: this one reuses a completion).
 
-    def __init__(self, sp: _Split, demand: np.ndarray):
-        self.tok, self.steps, self.n, self.leaf, self.cfb = sp.tok, sp.steps, sp.n, sp.leaf, sp.cfb
+    Every completion used (U == N): in order, the least-distance matching. Fewer ranks: each takes
+    a completion of its own bucket if one is free (in order), else the nearest free one."""
+    units, n = unit_b.size, comp_b.size
+    shared = np.arange(units) >= n
+    if units >= n:
+        return np.minimum(np.arange(units), max(n - 1, 0)), shared
+    first = np.searchsorted(unit_b, unit_b, side="left")
+    lo, hi = np.searchsorted(comp_b, unit_b, "left"), np.searchsorted(comp_b, unit_b, "right")
+    same = np.arange(units) - first < hi - lo
+    assign = np.full(units, -1, np.int64)
+    assign[same] = (lo + np.arange(units) - first)[same]
+    free = np.ones(n, bool)
+    free[assign[same]] = False
+    pool = np.flatnonzero(free)
+    keys, ids = comp_b[pool].tolist(), pool.tolist()
+    for u in np.flatnonzero(~same).tolist():
+        b = int(unit_b[u])
+        i = bisect.bisect_left(keys, b)
+        if i == len(keys) or (i > 0 and b - keys[i - 1] <= keys[i] - b):
+            i -= 1  # the nearer neighbour, the likelier on a tie
+        assign[u] = ids[i]
+        del keys[i], ids[i]
+    return assign, shared
+
+
+class _Matched:
+    """The last step(s) of a descent, where a prefix's ranks (``demand``) are matched one to one to
+    its completions ``comp_b`` (sorted buckets) by :func:`_match`."""
+
+    def _setup(self, demand: np.ndarray, comp_b: np.ndarray) -> None:
         cols = np.flatnonzero(demand > 0)
         self.unit_b = np.repeat(cols, demand[cols].astype(np.int64))
-        units = self.unit_b.size
-        self.shared = np.arange(units) >= self.n
-        if units > self.n or units * self.n > DP_CELLS:  # in order, sharing past capacity
-            self.assign = np.minimum(np.arange(units), self.n - 1)
-            return
-        if units == self.n:  # every leaf is used: in order is the least-distance matching
-            self.assign = np.arange(units)
-            return
-        cost = np.abs(self.unit_b[:, None] - self.cfb[None, :]).astype(np.float64)
-        best = np.zeros(self.n + 1)  # least cost of the first i ranks within the first j leaves
-        took = np.zeros((units, self.n + 1), bool)
-        pair = np.empty(self.n + 1)
-        for i in range(units):
-            pair[0] = np.inf
-            np.add(best[:-1], cost[i], out=pair[1:])
-            pair[: i + 1] = np.inf
-            best = np.minimum.accumulate(pair)
-            took[i, 1:] = pair[1:] < best[:-1]  # strictly better than skipping: ties take earlier
-        self.assign = np.zeros(units, np.int64)
-        j = self.n
-        for i in range(units - 1, -1, -1):
-            while not took[i, j]:
-                j -= 1
-            self.assign[i], j = j - 1, j - 1
+        self.assign, self.shared = _match(self.unit_b, comp_b)
 
-    def route(self, b: np.ndarray, o: np.ndarray):
+    def _which(self, b: np.ndarray, o: np.ndarray):
         u = np.searchsorted(self.unit_b, b, side="left") + o.astype(np.int64)
         bad = u >= self.unit_b.size
         u = np.minimum(u, self.unit_b.size - 1)
-        child = np.where(bad, self.n - 1, self.assign[u])
-        return child, b, np.zeros(b.size), bad | self.shared[u]
+        return self.assign[u], bad | self.shared[u]
 
-    def held(self, c: int):
-        """``(bucket, offset)`` of the rank leaf ``c`` holds, or None."""
-        u = np.flatnonzero(self.assign == c)
+    def held(self, comp: int):
+        """``(bucket, offset)`` of the rank completion ``comp`` holds, or None."""
+        u = np.flatnonzero(self.assign == comp)
         if u.size == 0:
             return None
         b = int(self.unit_b[u[0]])
         return b, float(u[0] - np.searchsorted(self.unit_b, b, side="left"))
+
+
+class _LeafSplit(_Matched):
+    """Every child is a leaf (one sequence each): ranks are matched to the children."""
+
+    def __init__(self, sp: _Split, demand: np.ndarray):
+        self.tok, self.steps, self.n, self.leaf, self.cfb = sp.tok, sp.steps, sp.n, sp.leaf, sp.cfb
+        self._setup(demand, self.cfb)  # children are sorted likeliest first: buckets ascending
+
+    def route(self, b: np.ndarray, o: np.ndarray):
+        child, collided = self._which(b, o)
+        return child, b, np.zeros(b.size), collided
+
+
+class _SubtreeSplit(_Matched):
+    """Lookahead, one step before the leaves: the rows of every child are known (``below:
+    float32[n, V]``, in child order), so the prefix's ranks are matched to its real completions --
+    its leaf children and its children's leaves -- by bucket, depth-first order on ties."""
+
+    def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int,
+                 below: np.ndarray):
+        self.tok, self.steps, self.leaf = _children(ix, d, row)
+        self.n, self.size = self.tok.size, ix._M
+        self.cfb = fb + _buckets(ix.quantizer, self.steps)
+        # every child's leaves at once: row-wise likeliest first (ties by token), possible ones first
+        lp2 = np.minimum(below.astype(np.float64), 0.0)
+        ok = np.isfinite(lp2)
+        if ix.eos is not None:  # depth max_len - 1: only eos fits
+            ok &= np.arange(lp2.shape[1])[None, :] == ix.eos
+        ok[self.leaf] = False
+        key = np.where(ok, _cost(below), np.int64(1) << 40) * lp2.shape[1] + np.arange(lp2.shape[1])
+        srt = np.argsort(key, axis=1)
+        self.kid_tok = srt
+        self.kid_lp = np.take_along_axis(lp2, srt, axis=1)
+        c2, l2 = np.nonzero(np.take_along_axis(ok, srt, axis=1))
+        b2 = self.cfb[c2] + _buckets(ix.quantizer, self.kid_lp[c2, l2])
+        lc = np.flatnonzero(self.leaf)
+        cc = np.concatenate([lc, c2]).astype(np.int64)
+        ll = np.concatenate([np.full(lc.size, -1), l2]).astype(np.int64)
+        bb = np.concatenate([self.cfb[lc], b2]).astype(np.int64)
+        order = np.lexsort((ll, cc, bb))
+        self.comp_c, self.comp_l, comp_b = cc[order], ll[order], bb[order]
+        self.n_comp = comp_b.size
+        if self.n_comp:
+            self._setup(demand, comp_b)
+
+    def route(self, b: np.ndarray, o: np.ndarray):
+        """Ranks -> (child int64[Q], the child's leaf int64[Q] or -1 when the child is a leaf,
+        collided bool[Q])."""
+        comp, collided = self._which(b, o)
+        return self.comp_c[comp], self.comp_l[comp], collided
+
+    def completion(self, c: int, leaf: int) -> int:
+        return int(np.flatnonzero((self.comp_c == c) & (self.comp_l == leaf))[0])

@@ -16,16 +16,17 @@ convolution per depth, for buckets up to ``max_depth_bits``.
 Order. SeekIndex's: by sequence fine bucket ``B``, then depth first, likelier tokens first (ties by
 token id). ``unrank`` descends the REAL model, one batched forward per depth for a whole batch of
 ranks, carrying for each prefix its *demand*: how many ranks of each bucket ``B`` it was given
-(float64[M], a function of the prefix alone). A prefix hands each child, bucket by bucket, the
-child's estimated count (``S_{d+1}[B - fb(child)]``; 1 at its own bucket for a leaf), rounded, in
-child order. Ranks the estimates cannot place (the envelope over-estimated this prefix at ``B``, or
-a child reached its capacity) *overflow*: in rank order they go to the children with spare
-capacity, first child first. A child's capacity is its structural number of completions (``V**rest``
-fixed-length, one for a leaf), so a child never receives more ranks than it can hold when every row
-is fully supported (no ``-inf`` log-prob: any softmax model), and then distinct ranks always give
-distinct sequences. A model with zero-probability tokens can still give a prefix more ranks than it
-has completions: those ranks are counted in ``collisions`` and a RuntimeWarning says how many
-distinct sequences the query got.
+(float64[M], a function of the prefix alone, so every rank through a prefix sees the same split and
+distinct ranks stay distinct). A prefix deals each bucket's ranks to its children in proportion to
+their estimated completions there (``S_{d+1}[B - fb(child)]``; 1 at its own bucket for a leaf),
+never more than a child's capacity (its completions: ``V**rest`` for a fully supported model, 1 for
+a leaf); ranks no child can hold at their bucket take free estimated slots in later buckets, then
+spare capacity (:mod:`jaxrescore.index._envelope_descent`). At the last step the ranks are matched
+one to one to the real leaves by bucket; with ``lookahead`` the prefix one step before reads its
+children's rows and matches its ranks to its real two-step completions. So a fully supported model
+(no ``-inf`` log-prob: any softmax model) never gives two ranks the same sequence. A model with
+zero-probability tokens can give a prefix more ranks than it has completions: those ranks are
+counted in ``collisions`` and a RuntimeWarning says how many distinct sequences the query got.
 
 Exactness. For a model whose next-token row does not depend on the prefix every estimate is the real
 count, nothing overflows, and sequences, order, counts and thresholds are exactly SeekIndex's.
@@ -38,31 +39,21 @@ every structurally possible sequence: the index then provably holds the whole su
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import numbers
-import os
-import tempfile
 import warnings
-import zipfile
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from jaxrescore.index._envelope_descent import _Below, _buckets, _children, _LeafSplit, _Split
+from jaxrescore.index._envelope_descent import _buckets, _children, _LeafSplit, _Split, _SubtreeSplit
+from jaxrescore.index.envelope_calibration import EnvelopeCalibration
 from jaxrescore.quantize import LN2, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
 
-FORMAT = "jaxrescore.AREnvelopeIndex"
-VERSION = 1
 MAX_RANK = 2**53  # ranks and demands are float64 integers on the host: exact below this
 RESOLVE_LIMIT = 1 << 12  # ranks count/threshold read one by one; past it they estimate in closed form
-CHECK_ROWS = 32  # calibration rows stored in a file and re-checked against the model on load
-ROW_ATOL = 1e-4
-PROGRESS_DELAY_S = 1.0
 LP_MEMO = 1 << 16  # log-probs of ranks remembered for count/threshold
-LOOKAHEAD_VOCAB = 1024  # lookahead=None reads the children's rows one step before the leaves up to this V
+LOOKAHEAD_VOCAB = 256  # lookahead=None: on up to this V (a prefix then matches up to V**2 completions)
 
 
 def _int_arg(value, name: str, *, minimum: int) -> int:
@@ -85,7 +76,7 @@ def _irwin_hall(n: int, x: np.ndarray) -> np.ndarray:
     return np.clip(terms.sum(axis=-1) / math.factorial(n), 0.0, 1.0)
 
 
-class AREnvelopeIndex:
+class AREnvelopeIndex(EnvelopeCalibration):
     """Per-depth mean-field envelope index over an AutoregressiveEnumerable (see the module docstring).
 
     Args:
@@ -101,8 +92,8 @@ class AREnvelopeIndex:
         True always, False never.
       chunk_rows: prefixes per ``next_logprobs`` call.
       lookahead: one step before the leaves, read the rows of every child of a prefix (one batched
-        forward of up to V rows) so the last split uses real leaves, not the envelope: a much
-        smaller rank error for ``V`` more rows per such prefix. None: on when ``vocab_size <= 1024``.
+        forward of up to V rows) and match its ranks to its real completions, not the envelope's:
+        a smaller rank error for ``V`` more rows per such prefix. None: on when ``vocab_size <= 256``.
 
     Counters: ``forwards`` (model rows evaluated, padding excluded), ``collisions`` (ranks that found
     no slot of their own and reused a sequence; 0 for any fully supported model).
@@ -189,91 +180,6 @@ class AREnvelopeIndex:
         w = max(r.shape[1] for r in out)
         return np.concatenate([np.pad(r, ((0, 0), (0, w - r.shape[1])), constant_values=-np.inf) for r in out])
 
-    # -- calibration ---------------------------------------------------------------------------------
-
-    def _corpus_arg(self, seqs) -> list[tuple[int, ...]]:
-        try:
-            out = [tuple(int(t) for t in s) for s in seqs]
-        except (TypeError, ValueError):
-            raise ValueError("calibration_sequences must be a list of token-id sequences") from None
-        if not out:
-            raise ValueError("calibration_sequences must not be empty")
-        for s in out:
-            if not 1 <= len(s) <= self.max_len or min(s) < 0 or max(s) >= self.vocab_size:
-                raise ValueError(
-                    f"calibration_sequences must hold 1..{self.max_len} token ids in [0, {self.vocab_size}), "
-                    f"got {s}"
-                )
-        return out
-
-    def _calibrate(self, corpus) -> None:
-        """Envelope per depth: ``_body[d]`` (continuing tokens) and ``_eosh[d]`` (eos), float64[M]
-        bucket histograms averaged over the contexts; ``_n_body``/``_n_eos``: their average sizes."""
-        L, M = self.max_len, self._M
-        self._body, self._eosh = np.zeros((L, M)), np.zeros((L, M))
-        self._n_body, self._n_eos = np.zeros(L), np.zeros(L)
-        self._checks: list[tuple[np.ndarray, np.ndarray]] = []
-        with tqdm(unit="rows", desc="AREnvelopeIndex calibration", disable=self.progress is False,
-                  delay=0 if self.progress else PROGRESS_DELAY_S, leave=False) as bar:
-            root = self._fetch(np.zeros((1, 0), np.int32), np.zeros(1, np.int32), bar)
-            self._root_row = root[0]
-            self._accumulate(0, np.zeros((1, 0), np.int32), root, np.ones(1))
-            if corpus is not None:
-                self._calibrate_corpus(corpus, bar)
-            else:
-                self._calibrate_samples(root, bar)
-
-    def _calibrate_samples(self, root: np.ndarray, bar) -> None:
-        rng = np.random.default_rng(self.seed)
-        n = self.n_paths
-        paths = np.zeros((n, self.max_len), np.int32)
-        rows, inv = root, np.zeros(n, np.int64)
-        for d in range(1, self.max_len):
-            p = np.exp(rows[inv].astype(np.float64))
-            if self.eos is not None:
-                p[:, self.eos] = 0.0  # a context must reach depth d: sample it given no stop
-            cdf = np.cumsum(p, axis=1)
-            alive = cdf[:, -1] > 0
-            if not alive.any():
-                return  # no context continues: deeper envelopes stay empty
-            tok = (cdf < (rng.random(n) * cdf[:, -1])[:, None]).sum(axis=1)
-            tok = np.minimum(tok, p.shape[1] - 1)
-            stuck = np.flatnonzero(~alive)  # a context with no continuation: restart from a live one
-            src = np.flatnonzero(alive)[rng.integers(0, alive.sum(), stuck.size)]
-            paths[stuck], tok[stuck] = paths[src], tok[src]
-            paths[:, d - 1] = tok
-            uniq, inv, counts = np.unique(paths[:, :d], axis=0, return_inverse=True, return_counts=True)
-            inv = inv.reshape(-1)
-            rows = self._fetch(uniq, np.full(uniq.shape[0], d, np.int32), bar)
-            self._accumulate(d, uniq, rows, counts)
-
-    def _calibrate_corpus(self, corpus, bar) -> None:
-        for d in range(1, self.max_len):
-            ctx = [s[:d] for s in corpus if len(s) >= d and (self.eos is None or self.eos not in s[:d])]
-            if not ctx:  # no sequence reaches depth d: reuse the envelope above
-                self._body[d], self._eosh[d] = self._body[d - 1], self._eosh[d - 1]
-                self._n_body[d], self._n_eos[d] = self._n_body[d - 1], self._n_eos[d - 1]
-                continue
-            uniq, counts = np.unique(np.array(ctx, np.int32).reshape(len(ctx), d), axis=0, return_counts=True)
-            self._accumulate(d, uniq, self._fetch(uniq, np.full(uniq.shape[0], d, np.int32), bar), counts)
-
-    def _accumulate(self, d: int, prefixes: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> None:
-        """Depth ``d``'s envelope from the rows float32[u, V] of ``u`` distinct contexts seen
-        ``counts`` times each (integer weights, divided once: identical rows average exactly)."""
-        M, total = self._M, float(counts.sum())
-        finite = np.isfinite(rows)
-        is_eos = np.zeros(rows.shape[1], bool)
-        if self.eos is not None and self.eos < rows.shape[1]:
-            is_eos[self.eos] = True
-        sb = np.minimum(_buckets(self.quantizer, np.where(finite, rows, 0.0).astype(np.float64)), M)
-        w = np.broadcast_to(counts.astype(np.float64)[:, None], rows.shape)
-        for mask, hist, size in ((finite & ~is_eos, self._body, self._n_body), (finite & is_eos, self._eosh, self._n_eos)):
-            hist[d] = np.bincount(sb[mask], weights=w[mask], minlength=M + 1)[:M] / total
-            size[d] = float(w[mask].sum()) / total
-        per_depth = max(1, CHECK_ROWS // self.max_len)
-        for i in range(min(per_depth, rows.shape[0])):
-            self._checks.append((prefixes[i].astype(np.int32), rows[i]))
-
     def _build(self) -> None:
         """Suffix tables ``_suffix[d]: float64[M]`` and the rank space ``_cum`` (ranks in buckets
         <= b, float64[M]); ``_root_demand`` is its per-bucket difference."""
@@ -339,27 +245,37 @@ class AREnvelopeIndex:
         toks, lens = np.zeros((n, L), np.int32), np.zeros(n, np.int32)
         lps, coll, dead = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
         node = np.zeros(n, np.int64)
-        demands, fbs, cached = [self._root_demand], [0], [None]
+        demands, fbs = [self._root_demand], [0]
         live, cut = np.arange(n), False
         for d in range(L):
             if live.size == 0:
                 break
             live = live[np.argsort(node[live], kind="stable")]
             ids, starts = np.unique(node[live], return_index=True)
-            if all(cached[k] is not None for k in ids):
-                rows = np.stack([cached[k] for k in ids])
-            else:
-                rows = self._fetch(toks[live[starts], :d], np.full(ids.size, d, np.int32))
-            if self.eos is not None and d == L - 1:
-                cut = bool(np.isfinite(np.delete(rows, self.eos, axis=1)).any())
-            below = self._lookahead(d, toks[live[starts], :d], rows) if self.lookahead and d == L - 2 else None
+            rows = self._fetch(toks[live[starts], :d], np.full(ids.size, d, np.int32))
+            ahead = self.lookahead and d == L - 2
+            below = self._below(d, toks[live[starts], :d], rows) if ahead else None
+            if self.eos is not None and d >= L - 2:
+                last = rows if d == L - 1 else np.concatenate(below) if below else None
+                cut = cut or bool(last is not None and np.isfinite(np.delete(last, self.eos, axis=1)).any())
             edges = np.append(starts, live.size)
-            new_demands, new_fbs, new_cached, new_live = [], [], [], []
+            new_demands, new_fbs, new_live = [], [], []
             for i, k in enumerate(ids):
                 qi = live[edges[i] : edges[i + 1]]
-                kids = None if below is None else below[i]
-                sp = _Split(self, d, rows[i], demands[k], fbs[k], extra=np.unique(b[qi]),
-                            below=None if kids is None else kids[0])
+                if ahead:  # the last two steps at once, on real completions
+                    sp = _SubtreeSplit(self, d, rows[i], demands[k], fbs[k], below[i])
+                    if sp.n_comp == 0:
+                        dead[qi] = True
+                        continue
+                    child, leaf2, c = sp.route(b[qi], o[qi])
+                    coll[qi] |= c
+                    toks[qi, d], lps[qi] = sp.tok[child], lps[qi] + sp.steps[child]
+                    lens[qi] = d + 1
+                    two = np.flatnonzero(leaf2 >= 0)
+                    q2, c2, l2 = qi[two], child[two], leaf2[two]
+                    toks[q2, d + 1], lps[q2], lens[q2] = sp.kid_tok[c2, l2], lps[q2] + sp.kid_lp[c2, l2], d + 2
+                    continue
+                sp = _Split(self, d, rows[i], demands[k], fbs[k], extra=np.unique(b[qi]))
                 if sp.n == 0:
                     dead[qi] = True
                     continue
@@ -379,24 +295,26 @@ class AREnvelopeIndex:
                     node[cont[lo:hi]] = len(new_demands)
                     new_demands.append(sp.child_demand(int(c_id)))
                     new_fbs.append(int(sp.cfb[c_id]))
-                    new_cached.append(None if kids is None else kids[1][c_id])
                     new_live.append(cont[lo:hi])
-            demands, fbs, cached = new_demands, new_fbs, new_cached
+            demands, fbs = new_demands, new_fbs
             live = np.concatenate(new_live) if new_live else np.zeros(0, np.int64)
         return toks, lens, lps, coll, dead, cut
 
-    def _lookahead(self, d: int, prefixes: np.ndarray, rows: np.ndarray):
-        """For each depth-``d`` prefix (``prefixes: int32[u, d]``, rows ``float32[u, V]``), the
-        exact completions of its children (a ``_Below``) and their rows: one batched forward."""
-        kids = [_children(self, d, row) for row in rows]
-        pre = [np.c_[np.repeat(p[None, :], t.size, axis=0), t] for p, (t, _, _) in zip(prefixes, kids)]
+    def _below(self, d: int, prefixes: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+        """The rows ``float32[n_i, V]`` of every child of each depth-``d`` prefix (``prefixes:
+        int32[u, d]``, rows ``float32[u, V]``), children in order, ``-inf`` rows for leaf children:
+        one batched forward."""
+        inner = [~_children(self, d, row)[2] for row in rows]
+        tok = [_children(self, d, row)[0] for row in rows]
+        pre = [np.c_[np.repeat(p[None, :], k.sum(), axis=0), t[k]] for p, t, k in zip(prefixes, tok, inner)]
         flat = np.concatenate(pre).astype(np.int32) if pre else np.zeros((0, d + 1), np.int32)
-        below = self._fetch(flat, np.full(flat.shape[0], d + 1, np.int32)) if flat.size else None
+        got = self._fetch(flat, np.full(flat.shape[0], d + 1, np.int32)) if flat.shape[0] else rows[:0]
         out, at = [], 0
-        for t, _, _ in kids:
-            part = below[at : at + t.size] if t.size else np.zeros((0, 1), np.float32)
-            out.append((_Below(self, d + 1, part), part))
-            at += t.size
+        for t, k in zip(tok, inner):
+            block = np.full((t.size, max(got.shape[1], rows.shape[1])), -np.inf, np.float32)
+            block[k, : got.shape[1]] = got[at : at + int(k.sum())]
+            at += int(k.sum())
+            out.append(block)
         return out
 
     def _unrank(self, ranks: np.ndarray, *, warn: bool):
@@ -584,24 +502,28 @@ class AREnvelopeIndex:
         if np.any(np.asarray(seq) >= rows.shape[1]) or not np.isfinite(steps).all():
             raise ValueError(f"seq {seq} has probability 0 under the model")
         fb = int(_buckets(self.quantizer, steps).sum())
-        demand, at, path = self._root_demand, 0, []
+        demand, at, path, pos = self._root_demand, 0, [], None
         for d in range(n):
-            below = None
             if self.lookahead and d == self.max_len - 2:
-                below = self._lookahead(d, np.array([seq[:d]], np.int32).reshape(1, d), rows[d][None])[0][0]
-            sp = _Split(self, d, rows[d], demand, at, below=below)
+                below = self._below(d, np.array(seq[:d], np.int32).reshape(1, d), rows[d][None])[0]
+                sp = _SubtreeSplit(self, d, rows[d], demand, at, below)
+                c = int(np.flatnonzero(sp.tok == seq[d])[0])
+                leaf = -1 if sp.leaf[c] else int(np.flatnonzero(sp.kid_tok[c] == seq[d + 1])[0])
+                pos = sp.held(sp.completion(c, leaf)) if sp.n_comp else None
+                break
+            sp = _Split(self, d, rows[d], demand, at)
             c = int(np.flatnonzero(sp.tok == seq[d])[0])
             if sp.leaf.all():
-                sp = _LeafSplit(sp, demand)
+                pos = _LeafSplit(sp, demand).held(c)
+                break
             path.append((sp, c))
-            if not sp.leaf[c]:
-                demand, at = sp.child_demand(c), int(sp.cfb[c])
-        sp, c = path[-1]
-        if isinstance(sp, _LeafSplit):
-            pos, path = sp.held(c), path[:-1]
-        else:
-            held = np.flatnonzero(sp.child_demand(c) >= 1)
-            pos = (int(held[0]), 0.0) if held.size else None
+            if sp.leaf[c]:
+                held = np.flatnonzero(sp.child_demand(c) >= 1)
+                pos = (int(held[0]), 0.0) if held.size else None
+                pos = sp.invert(c, *pos) if pos is not None else None
+                path.pop()
+                break
+            demand, at = sp.child_demand(c), int(sp.cfb[c])
         for sp, c in reversed(path):
             if pos is None:
                 break
@@ -617,40 +539,10 @@ class AREnvelopeIndex:
     # -- persistence ---------------------------------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the index to ``path`` atomically: one versioned ``.npz`` (JSON header, envelope
-        arrays, calibration rows for the load check) with a SHA-256 checksum; temp file, then
-        ``os.replace``."""
-        path = os.fspath(path)
-        L = self.max_len
-        ctx = np.zeros((len(self._checks), L), np.int32)
-        for i, (p, _) in enumerate(self._checks):
-            ctx[i, : p.size] = p
-        width = max(r.size for _, r in self._checks)
-        arrays = {
-            "body": self._body, "eos": self._eosh, "n_body": self._n_body, "n_eos": self._n_eos,
-            "check_tokens": ctx,
-            "check_lengths": np.array([p.size for p, _ in self._checks], np.int32),
-            "check_rows": np.array([np.pad(r, (0, width - r.size), constant_values=-np.inf) for _, r in self._checks]),
-        }
-        header = {
-            "format": FORMAT, "version": VERSION,
-            "quantizer": [self.quantizer.bin_width_bits, self.quantizer.oversample],
-            "model": {"vocab_size": self.vocab_size, "eos": self.eos, "max_len": self.max_len},
-            "n_paths": self.n_paths, "seed": self.seed, "max_depth_bits": self.max_depth_bits,
-            "calibrated_on": self.calibrated_on, "forwards": self.forwards, "lookahead": self.lookahead,
-        }
-        header["checksum"] = _checksum(header, arrays)
-        fd, tmp = tempfile.mkstemp(prefix=".envelope-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.envelope_io`)."""
+        from jaxrescore.index.envelope_io import save_envelope
+
+        save_envelope(self, path)
 
     @classmethod
     def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096) -> "AREnvelopeIndex":
@@ -658,59 +550,6 @@ class AREnvelopeIndex:
         ValueError naming the file for an unreadable, truncated, foreign-format, other-version or
         tampered one, or one built for a model with another vocab_size/eos/max_len or other
         next-token rows at the stored calibration contexts (re-evaluated in one model call)."""
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no AREnvelopeIndex file at {path}")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-            header = json.loads(arrays.pop("header").tobytes().decode())
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not a readable AREnvelopeIndex file (corrupted or truncated): {e}") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            got = header.get("format") if isinstance(header, dict) else None
-            raise ValueError(f"{path} is not an AREnvelopeIndex file (format {got!r})")
-        if header.get("version") != VERSION:
-            raise ValueError(f"{path} has AREnvelopeIndex format version {header.get('version')!r}; this reads {VERSION}")
-        if header.pop("checksum", None) != _checksum(header, arrays):
-            raise ValueError(f"{path} failed its checksum: the file is corrupted")
-        ix = cls.__new__(cls)
-        try:
-            ix._setup(model, Quantizer(*header["quantizer"]), header["max_depth_bits"], progress, chunk_rows)
-            for key, saved in header["model"].items():
-                if getattr(ix, key) != saved:
-                    raise ValueError(
-                        f"{path} was built for a model with {key}={saved!r}, this model has {getattr(ix, key)!r}"
-                    )
-            ix.n_paths, ix.seed, ix.calibrated_on = header["n_paths"], header["seed"], header["calibrated_on"]
-            ix.forwards, ix.lookahead = int(header["forwards"]), bool(header["lookahead"])
-            ix._body, ix._eosh = arrays["body"], arrays["eos"]
-            ix._n_body, ix._n_eos = arrays["n_body"], arrays["n_eos"]
-            shape = (ix.max_len, ix._M)
-            if ix._body.shape != shape or ix._eosh.shape != shape or ix._n_body.shape != shape[:1]:
-                raise KeyError(f"envelope arrays of shape {ix._body.shape}, expected {shape}")
-            lens, toks, saved_rows = arrays["check_lengths"], arrays["check_tokens"], arrays["check_rows"]
-            ix._checks = [(toks[i, : lens[i]], saved_rows[i]) for i in range(lens.size)]
-        except (KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"{path} is an inconsistent AREnvelopeIndex file: {e!r}") from None
-        before = ix.forwards
-        now = ix._fetch(toks, lens).astype(np.float64)
-        ix.forwards = before
-        w = min(now.shape[1], saved_rows.shape[1])
-        a, b = now[:, :w], saved_rows[:, :w].astype(np.float64)
-        same = np.array_equal(np.isfinite(a), np.isfinite(b)) and np.allclose(
-            a[np.isfinite(a)], b[np.isfinite(b)], rtol=0, atol=ROW_ATOL)
-        if not same:
-            raise ValueError(f"{path} was built for a different model: its next-token rows at the stored contexts differ")
-        ix._root_row = saved_rows[0]
-        ix._build()
-        return ix
+        from jaxrescore.index.envelope_io import load_envelope
 
-
-def _checksum(header: dict, arrays: dict) -> str:
-    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+        return load_envelope(cls, path, model, progress=progress, chunk_rows=chunk_rows)
