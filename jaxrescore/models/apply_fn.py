@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.typing import PyTree
 
 
 class ApplyFnLM(JaxLM):
@@ -20,7 +24,16 @@ class ApplyFnLM(JaxLM):
         return f"ApplyFnLM({name}, V={self.vocab_size}, max_len={self.max_len}, eos={self.eos})"
 
 
-def from_apply_fn(apply_fn, params, *, vocab_size: int, bos_id: int, max_len: int, eos=None, mesh=None):
+def from_apply_fn(
+    apply_fn: Callable[[PyTree, jax.Array], jax.Array],
+    params: PyTree,
+    *,
+    vocab_size: int,
+    bos_id: int,
+    max_len: int,
+    eos: int | None = None,
+    mesh: Mesh | None = None,
+) -> ApplyFnLM:
     """Wrap a JAX LM function as an AutoregressiveEnumerable.
 
     Args:

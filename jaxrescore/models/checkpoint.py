@@ -34,8 +34,17 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 
 import numpy as np
+
+from jax.sharding import Mesh
+
+from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.int8 import Int8TransformerLM
+from jaxrescore.models.ngram import NGramLM
+from jaxrescore.models.transformer import TransformerLM
+from jaxrescore.typing import PathLike
 
 FORMAT = "jaxrescore-model"
 VERSION = 2
@@ -100,7 +109,12 @@ def _check_path(path, what: str = "path") -> str:
     return os.fsdecode(os.fspath(path))
 
 
-def save_model(model, path, *, vocabulary=None) -> None:
+def save_model(
+    model: AutoregressiveEnumerable,
+    path: PathLike,
+    *,
+    vocabulary: Sequence[str] | None = None,
+) -> None:
     """Write ``model`` (a TransformerLM, its int8 twin or an NGramLM) to ``path`` (see the module
     docstring).
 
@@ -240,7 +254,11 @@ def _build(path: str, kind: str, config: dict, arrays: dict, mesh):
     return model
 
 
-def load_model(path, *, mesh=None):
+def load_model(
+    path: PathLike,
+    *,
+    mesh: Mesh | None = None,
+) -> TransformerLM | Int8TransformerLM | NGramLM:
     """Read a model written by :func:`save_model` (see the module docstring for what is checked);
     ``mesh`` as in the model constructors. The model's ``vocabulary`` is the stored one (None
     when the file has none).

@@ -11,10 +11,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrescore.models.base import check_int
+from jaxrescore.models.base import AutoregressiveEnumerable, check_int
 from jaxrescore.models.checked import checked_model
 from jaxrescore.models.sampling import sample_sequences
 from jaxrescore.sequences import as_sequence_batch
+from jaxrescore.typing import Sequences
 
 
 class GapEstimate(NamedTuple):
@@ -31,7 +32,14 @@ class GapEstimate(NamedTuple):
     n_sequences: int
 
 
-def estimate_gap(draft, target, sequences=None, *, n: int = 256, seed: int = 0) -> GapEstimate:
+def estimate_gap(
+    draft: AutoregressiveEnumerable,
+    target: AutoregressiveEnumerable,
+    sequences: Sequences | None = None,
+    *,
+    n: int = 256,
+    seed: int = 0,
+) -> GapEstimate:
     """Measure ``|target - draft|`` sequence scores on ``sequences``, or on ``n`` sequences
     sampled ancestrally from ``target`` (see :func:`~jaxrescore.models.sampling.sample_sequences`).
 
@@ -85,7 +93,16 @@ class TopGapEstimate(NamedTuple):
     n_candidates: int
 
 
-def estimate_top_gap(draft, target, k: int, candidates=(), *, n_samples: int = 1024, region_margin: float = 1.0, seed: int = 0) -> TopGapEstimate:
+def estimate_top_gap(
+    draft: AutoregressiveEnumerable,
+    target: AutoregressiveEnumerable,
+    k: int,
+    candidates: Sequences = (),
+    *,
+    n_samples: int = 1024,
+    region_margin: float = 1.0,
+    seed: int = 0,
+) -> TopGapEstimate:
     """The one-sided gap ``target - draft`` observed on the sequences a top-``k`` answer can come from.
 
     Why only there: the certificate needs ``target(u) - draft(u) <= assumed_gap`` only for

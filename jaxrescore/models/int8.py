@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.sampling import sample_sequences
 from jaxrescore.models.transformer import TransformerLM
+from jaxrescore.typing import Sequences
 
 
 class QTensor(NamedTuple):
@@ -102,7 +104,14 @@ def quantize_int8(model: TransformerLM) -> Int8TransformerLM:
     return Int8TransformerLM(model.config, model.apply.graphdef, qparams, mesh=model.mesh)
 
 
-def max_step_deviation(reference, other, sequences=None, *, n: int = 256, seed: int = 0) -> float:
+def max_step_deviation(
+    reference: AutoregressiveEnumerable,
+    other: AutoregressiveEnumerable,
+    sequences: Sequences | None = None,
+    *,
+    n: int = 256,
+    seed: int = 0,
+) -> float:
     """The measured max per-step ``|log p_other - log p_reference|`` (nats) over every real step
     (EOS included) of ``sequences``, or of ``n`` sequences sampled from ``reference``.
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrescore.models.base import check_int
+from jaxrescore.models.base import AutoregressiveEnumerable, check_int
 from jaxrescore.sequences import SequenceBatch
 
 
-def sample_sequences(model, n: int, *, seed: int = 0) -> SequenceBatch:
+def sample_sequences(model: AutoregressiveEnumerable, n: int, *, seed: int = 0) -> SequenceBatch:
     """``n`` sequences drawn token by token from ``model`` (host float64 inverse-CDF sampling).
 
     A terminating model's row stops at its first ``eos``; a row that reaches ``max_len - 1``

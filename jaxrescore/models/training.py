@@ -24,10 +24,11 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from jaxrescore.models.base import check_int, check_weights
+from jaxrescore.models.base import AutoregressiveEnumerable, check_int, check_weights
 from jaxrescore.models.checked import checked_model
 from jaxrescore.models.jax_lm import JaxLM, check_eos_terminated, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+from jaxrescore.typing import ArrayLike, Sequences
 
 
 def _check_model(model, name: str) -> None:
@@ -154,13 +155,13 @@ def _sampler(model, batch, probs, batch_size, seed):
 
 
 def train_lm(
-    model,
-    sequences,
+    model: JaxLM,
+    sequences: Sequences,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     steps: int,
     batch_size: int = 64,
-    lr=3e-3,
+    lr: float | optax.Schedule = 3e-3,
     weight_decay: float = 0.01,
     seed: int = 0,
     progress: bool = True,
@@ -212,14 +213,14 @@ def teacher_tables(teacher, batch: SequenceBatch, width: int) -> np.ndarray:
 
 
 def distill(
-    student,
-    teacher,
-    sequences,
+    student: JaxLM,
+    teacher: AutoregressiveEnumerable,
+    sequences: Sequences,
     *,
-    weights=None,
+    weights: ArrayLike | None = None,
     steps: int,
     batch_size: int = 64,
-    lr=3e-3,
+    lr: float | optax.Schedule = 3e-3,
     weight_decay: float = 0.01,
     seed: int = 0,
     progress: bool = True,
