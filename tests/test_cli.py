@@ -258,7 +258,7 @@ def test_demo_streams_the_answer_before_the_comparisons():
         on_answer=lambda partial: events.append(("answer", partial)),
     )
     kinds = [e[0] if e[0] == "answer" else e[1].split()[0] for e in events]
-    assert kinds == ["loading", "building", "answer", "exact", "estimating"], kinds
+    assert kinds == ["loading", "building", "answer", "exact", "running"], kinds
     partial = events[2][1]
     assert partial["items"] == out["items"] and "exact_best_first" not in partial
     table = format_demo_answer(partial)
