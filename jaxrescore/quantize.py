@@ -36,6 +36,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 LN2 = math.log(2.0)
 # Absorbs float noise so that a step of exactly k/scale bits lands in bucket k, not k-1.
@@ -94,7 +95,7 @@ class Quantizer:
         """The bucket every finite step of ``MAX_STEP_BITS`` bits or deeper saturates at."""
         return int(math.floor(MAX_STEP_BITS * self.scale + TOL))
 
-    def step_buckets(self, log_probs) -> np.ndarray:
+    def step_buckets(self, log_probs: ArrayLike) -> np.ndarray:
         """Per-step fine buckets: ``int64[...]`` from log-probs ``float[...]``.
 
         Positive log-probs (float noise) count as 0; finite steps deeper than ``MAX_STEP_BITS``
@@ -111,7 +112,7 @@ class Quantizer:
         raw = np.floor(bits * self.scale + TOL).astype(np.int64)
         return np.where(impossible, np.int64(NO_BUCKET), raw)
 
-    def fine_bucket(self, log_prob) -> np.ndarray:
+    def fine_bucket(self, log_prob: ArrayLike) -> np.ndarray:
         """The bucket of a total log-prob taken as ONE step: ``int64[...]``.
 
         A sum of ``n`` per-step floors is at least ``fine_bucket(total) - (n - 1)``, which is what a
@@ -120,7 +121,7 @@ class Quantizer:
         """
         return self.step_buckets(log_prob)
 
-    def edge(self, fine_bucket, max_steps) -> np.ndarray:
+    def edge(self, fine_bucket: ArrayLike, max_steps: ArrayLike) -> np.ndarray:
         """Best-case edge ``float64[...]``: an upper bound on the log-prob of every sequence of at
         most ``max_steps`` steps whose fine bucket is ``fine_bucket`` or deeper. Never above 0."""
         fb = np.asarray(fine_bucket, dtype=np.float64)

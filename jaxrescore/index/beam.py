@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.base import check_int
+from jaxrescore.models.base import AutoregressiveEnumerable, check_int
+from jaxrescore.typing import Tokens
 from jaxrescore.sequences import bucket_size
 
 
@@ -75,7 +76,9 @@ def _unprompted(model):
     return model, ()
 
 
-def beam_search(model, beam_width: int, *, prompt=(), jit: bool | None = None) -> BeamResult:
+def beam_search(
+    model: AutoregressiveEnumerable, beam_width: int, *, prompt: Tokens = (), jit: bool | None = None
+) -> BeamResult:
     """The ``beam_width`` best finished sequences beam search finds (see the module docstring).
 
     Args:

@@ -67,8 +67,10 @@ import threading
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.quantize import LN2, MAX_BUDGET_BITS, NO_BUCKET, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
+from jaxrescore.typing import ArrayLike, PathLike, Tokens
 
 # Seconds a build must run before its progress bar appears (progress=None).
 PROGRESS_DELAY_S = 1.0
@@ -244,7 +246,7 @@ class SeekIndex:
 
     def __init__(
         self,
-        model,
+        model: AutoregressiveEnumerable,
         *,
         bin_width_bits: float = 1.0,
         oversample: int = 8,
@@ -1014,7 +1016,7 @@ class SeekIndex:
         return f"{what} is beyond the {len(self)} sequences indexed ({why})"
 
     @_locked
-    def unrank_batch(self, ranks) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    def unrank_batch(self, ranks: ArrayLike) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """The sequences at ``ranks: int[N]`` and their draft log-probs ``float64[N]`` (deepens as
         needed; IndexError for a rank beyond what exists within ``max_depth_bits`` or beyond what
         could ever fit ``max_bytes``; IndexLimitError if deepening to it would pass a limit)."""
@@ -1157,7 +1159,7 @@ class SeekIndex:
         return seq, min(total, NO_BUCKET - 1)
 
     @_locked
-    def rank_bracket(self, seq) -> tuple[int, int | float]:
+    def rank_bracket(self, seq: Tokens) -> tuple[int, int | float]:
         """``(lo, hi)`` containing the position of ``seq`` in the index order; ``lo == hi`` when it
         is indexed. For a sequence dropped by ``branch_cap`` or beyond ``max_depth_bits`` the bracket
         spans its bucket plus what was cut (``hi`` may be ``inf``)."""
@@ -1188,14 +1190,14 @@ class SeekIndex:
     # -- persistence ---------------------------------------------------------------------------------
 
     @_locked
-    def save(self, path) -> None:
+    def save(self, path: PathLike) -> None:
         """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.io`)."""
         from jaxrescore.index.io import save_index
 
         save_index(self, path)
 
     @classmethod
-    def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096,
+    def load(cls, path: PathLike, model: AutoregressiveEnumerable, *, progress: bool | None = None, chunk_rows: int = 4096,
              max_nodes: int | None = None, max_bytes: int | None = None) -> "SeekIndex":
         """Read an index saved by :meth:`save` for ``model``; ValueError for a corrupted, truncated,
         foreign-version or mismatched (model vocabulary/eos/max_len/first table) file, and

@@ -9,9 +9,11 @@ step counted in its score) with at most ``max_len`` tokens, EOS included.
 from __future__ import annotations
 
 import numbers
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from jaxrescore.sequences import SequenceBatch
 
 
 @runtime_checkable
@@ -37,7 +39,7 @@ class AutoregressiveEnumerable(Protocol):
         """
         ...
 
-    def score_sequences(self, seqs) -> np.ndarray:
+    def score_sequences(self, seqs: SequenceBatch | Sequence[Sequence[int]]) -> np.ndarray:
         """Log-probs ``float[N]`` of whole sequences: one teacher-forcing forward, EOS step
         included, padding masked. ``seqs`` is a SequenceBatch or a list of token sequences."""
         ...

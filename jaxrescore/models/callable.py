@@ -35,6 +35,7 @@ from jaxrescore.models.frontier import (
 )
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import as_sequence_batch, bucket_size, checked_batch
+from jaxrescore.typing import ArrayLike, Sequences, Tokens
 
 # log-probs up to this far above 0 are float noise of a log_softmax, not a broken model.
 SIGN_TOL = 1e-5
@@ -99,7 +100,7 @@ class CallableModel(PromptableMixin):
 
     # -- next-token tables -------------------------------------------------------------------------
 
-    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """Next-token log-probs ``float32[B, V]`` after each prefix, ``-inf`` for absent tokens,
         clipped to ``<= 0`` (the float noise a table may carry up to ``SIGN_TOL`` above 0 is
         dropped here, so every path — index, scores, proofs — sees the same steps).
@@ -197,7 +198,7 @@ class CallableModel(PromptableMixin):
         last = np.where(lengths > 0, tokens[np.arange(len(lengths)), np.maximum(lengths - 1, 0)], -1)
         return (lengths >= 1) & (lengths <= self.max_len) & (last == self.eos) & (is_eos.sum(1) == 1)
 
-    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+    def score_sequences(self, seqs: Sequences, *, skip: ArrayLike | None = None) -> np.ndarray:
         """Log-probs ``float64[N]``: the float64 sum of the model's per-step log-probs (EOS step
         included); ``-inf`` for a sequence outside the support.
 
@@ -214,7 +215,7 @@ class CallableModel(PromptableMixin):
             np.add.at(out, s, _pick(rows, batch.tokens[s, p]))
         return out
 
-    def score_frontier(self, seqs, *, top_m: int, skip=None) -> FrontierScores:
+    def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
         log-prob, from the same next-token tables (see
         :class:`~jaxrescore.models.frontier.FrontierScores`). Every real position of every row is
@@ -269,7 +270,7 @@ class CallableModel(PromptableMixin):
         plen[:b] = lengths
         return self.next_logprobs(padded, plen)[:b]
 
-    def log_density(self, seq) -> float:
+    def log_density(self, seq: Tokens) -> float:
         """The log-prob of one token sequence (``-inf`` outside the support)."""
         return float(self.score_sequences([tuple(seq)])[0])
 

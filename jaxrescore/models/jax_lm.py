@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from functools import partial
+from typing import Callable, Self
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ from jaxrescore.models.base import check_int, check_support
 from jaxrescore.models.frontier import FULL_ROWS_MAX_VOCAB, FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size, checked_batch
+from jaxrescore.typing import ArrayLike, PyTree, Sequences
 
 
 def _log_softmax(logits):
@@ -167,7 +169,7 @@ class DeviceBatched(PromptableMixin):
     # a compile per distinct small batch size.
     min_rows = 32
 
-    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+    def score_sequences(self, seqs: Sequences, *, skip: ArrayLike | None = None) -> np.ndarray:
         """``float64[N]`` log-probs of whole sequences, EOS step included, padding masked.
 
         A sequence longer than ``max_len`` lies outside the support and scores ``-inf`` (a target
@@ -191,7 +193,7 @@ class DeviceBatched(PromptableMixin):
         scores[long] = -np.inf
         return scores
 
-    def score_frontier(self, seqs, *, top_m: int, skip=None) -> FrontierScores:
+    def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
         log-prob, all from ONE forward, reduced on device (see
         :class:`~jaxrescore.models.frontier.FrontierScores`). Every row must fit in ``max_len``
@@ -208,7 +210,7 @@ class DeviceBatched(PromptableMixin):
         batch, steps, top_lps, top_ids, eos_lps = self.frontier_stats(seqs, top_m)
         return assemble(batch, skip, steps, top_lps, top_ids, None if self.eos is None else eos_lps)
 
-    def with_mesh(self, mesh: Mesh | None):
+    def with_mesh(self, mesh: Mesh | None) -> Self:
         """A copy sharing the weights whose forwards shard the batch axis over ``mesh``
         (``None``: single device)."""
         other = copy.copy(self)
@@ -282,7 +284,17 @@ class JaxLM(DeviceBatched):
       chunk_tokens, chunk_rows: how big one device call is (see :class:`DeviceBatched`).
     """
 
-    def __init__(self, apply, params, *, vocab_size, eos, max_len, bos_id, mesh=None):
+    def __init__(
+        self,
+        apply: Callable[..., jax.Array],
+        params: PyTree,
+        *,
+        vocab_size: int,
+        eos: int | None,
+        max_len: int,
+        bos_id: int,
+        mesh: Mesh | None = None,
+    ):
         vocab_size, eos, max_len = check_support(vocab_size, eos, max_len, type(self).__name__)
         self.bos_id = check_int(bos_id, "bos_id", minimum=0)
         self.apply = apply
@@ -299,7 +311,7 @@ class JaxLM(DeviceBatched):
         capped at ``max_len``."""
         return min(bucket_size(max(length, 1), 8), self.max_len)
 
-    def teacher_inputs(self, batch: SequenceBatch, width: int):
+    def teacher_inputs(self, batch: SequenceBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
         """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width], with
         padding positions set to 0 (arbitrary padding ids could make NaN activations, and a NaN
         times a zero attention weight is still NaN)."""
@@ -313,7 +325,7 @@ class JaxLM(DeviceBatched):
 
     # ---- protocol ---------------------------------------------------------------------------
 
-    def step_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+    def step_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W]``: log-prob of each token given its prefix (W >= the
         longest length; entries at padding positions are meaningless, mask them)."""
         batch = as_sequence_batch(seqs)
@@ -324,7 +336,9 @@ class JaxLM(DeviceBatched):
         inputs, targets = self.teacher_inputs(batch, width)
         return batch, self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
 
-    def frontier_stats(self, seqs, top_m: int):
+    def frontier_stats(
+        self, seqs: Sequences, top_m: int
+    ) -> tuple[SequenceBatch, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The batch, then from one forward: steps float32[N, W], top-m log-probs float32[N, W, m]
         and ids int32[N, W, m], eos log-probs float32[N, W] (see :meth:`score_frontier`)."""
         batch = as_sequence_batch(seqs)
@@ -345,7 +359,7 @@ class JaxLM(DeviceBatched):
         fn = lambda params, i, t: _frontier_stats(apply, params, i, t, top_m, eos)  # noqa: E731
         return (batch,) + self._chunked(fn, inputs, targets)
 
-    def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+    def position_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: the next-token log-probs before each position
         (row ``j`` is ``log p(. | tokens[:j])``; rows at padding positions are meaningless)."""
         batch = as_sequence_batch(seqs)
@@ -356,7 +370,7 @@ class JaxLM(DeviceBatched):
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
         return batch, self._chunked(partial(_all_logprobs, self.apply), inputs)
 
-    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]``: log-softmax next-token rows after each prefix.
 
         Args:

@@ -25,11 +25,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int, check_support, check_weights
 from jaxrescore.models.frontier import TABLE_TOLERANCE
 from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
+from jaxrescore.typing import ArrayLike, Sequences
 
 
 @jax.jit
@@ -112,15 +114,15 @@ class NGramLM(DeviceBatched):
     @classmethod
     def fit(
         cls,
-        sequences,
+        sequences: Sequences,
         *,
         order: int = 3,
         vocab_size: int,
         eos: int | None = None,
         max_len: int | None = None,
         discount: float | None = 0.75,
-        weights=None,
-        mesh=None,
+        weights: ArrayLike | None = None,
+        mesh: Mesh | None = None,
     ) -> "NGramLM":
         """Fit counts from a corpus (vectorised numpy; 100k short sequences take about a second).
 
@@ -208,7 +210,7 @@ class NGramLM(DeviceBatched):
     def _width(self, length: int) -> int:
         return min(bucket_size(max(length, 1), 8), self.max_len)
 
-    def step_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+    def step_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W]``: each token's log-prob given its prefix (padding
         entries meaningless)."""
         batch = as_sequence_batch(seqs)
@@ -222,7 +224,9 @@ class NGramLM(DeviceBatched):
         targets[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
         return batch, self._chunked(_gather_steps, rows, targets)
 
-    def frontier_stats(self, seqs, top_m: int):
+    def frontier_stats(
+        self, seqs: Sequences, top_m: int
+    ) -> tuple[SequenceBatch, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The batch, steps float32[N, W], each position's top-m log-probs float32[N, W, m] and
         ids int32[N, W, m], and eos log-probs float32[N, W]: table lookups, the top-m of each table
         row computed once per ``top_m``."""
@@ -237,7 +241,7 @@ class NGramLM(DeviceBatched):
         eos_lps = self._chunked(_gather_steps, rows, eos) if batch.size else np.zeros((0, width), np.float32)
         return batch, steps, vals[rows], ids[rows], eos_lps
 
-    def position_logprobs(self, seqs) -> tuple[SequenceBatch, np.ndarray]:
+    def position_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: next-token log-probs before each position."""
         batch = as_sequence_batch(seqs)
         check_tokens(batch, self.vocab_size, self.max_len)
@@ -246,7 +250,7 @@ class NGramLM(DeviceBatched):
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
         return batch, self._chunked(_gather_rows, self._rows(self._windows(batch, width)))
 
-    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]`` log-prob rows after each prefix.
 
         Args:

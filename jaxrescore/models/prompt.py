@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.frontier import FrontierScores
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+from jaxrescore.typing import ArrayLike, Sequences, Tokens
 
 
 def check_prompt(base, prompt) -> tuple[int, ...]:
@@ -55,7 +58,7 @@ def prepend(prompt: tuple[int, ...], tokens: np.ndarray, lengths: np.ndarray):
 class PromptableMixin:
     """Gives a model ``with_prompt``; the model must accept ``score_sequences(seqs, skip=...)``."""
 
-    def with_prompt(self, tokens) -> "PromptedModel":
+    def with_prompt(self, tokens: Tokens) -> PromptedModel:
         """The model of continuations of ``tokens`` (see :class:`PromptedModel`)."""
         return PromptedModel(self, tokens)
 
@@ -70,7 +73,7 @@ class PromptedModel(PromptableMixin):
       max_len: ``base.max_len - len(prompt)``: the longest continuation (EOS included).
     """
 
-    def __init__(self, base, prompt):
+    def __init__(self, base: AutoregressiveEnumerable, prompt: Tokens):
         self.base = base
         self.prompt = check_prompt(base, prompt)
         self.vocab_size = int(base.vocab_size)
@@ -80,12 +83,12 @@ class PromptedModel(PromptableMixin):
     def __repr__(self) -> str:
         return f"PromptedModel(base={self.base!r}, prompt={self.prompt})"
 
-    def with_prompt(self, tokens) -> "PromptedModel":
+    def with_prompt(self, tokens: Tokens) -> PromptedModel:
         """Extend the prompt: conditioning on ``self.prompt + tokens``."""
         more = check_prompt(self, tokens)
         return PromptedModel(self.base, self.prompt + more)
 
-    def next_logprobs(self, prefixes, lengths) -> np.ndarray:
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]``: ``log p(. | prompt + prefix)``, one call of the base model.
 
         Args:
@@ -120,7 +123,7 @@ class PromptedModel(PromptableMixin):
         lens = np.where(batch.lengths > 0, lens, 0).astype(np.int32)
         return SequenceBatch(toks, lens), (extra + len(self.prompt)).astype(np.int32)
 
-    def score_sequences(self, seqs, *, skip=None) -> np.ndarray:
+    def score_sequences(self, seqs: Sequences, *, skip: ArrayLike | None = None) -> np.ndarray:
         """``float64[N]``: ``log p(c | prompt)`` of continuations ``c``, one base call.
 
         Args:
@@ -130,7 +133,7 @@ class PromptedModel(PromptableMixin):
         batch, skip = self._on_base(seqs, skip)
         return self.base.score_sequences(batch, skip=skip)
 
-    def score_frontier(self, seqs, *, top_m: int, skip=None):
+    def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """The base's ``score_frontier`` of ``prompt + c`` with the prompt's steps skipped:
         scores ``log p(c | prompt)`` and positions counted from the first continuation step."""
         batch, skip = self._on_base(seqs, skip)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from flax import nnx
 
 from jaxrescore.models.base import check_int
@@ -208,7 +209,7 @@ class TransformerLM(JaxLM):
         state of the same structure to update the model.
     """
 
-    def __init__(self, config: TransformerConfig, *, seed: int = 0, mesh=None):
+    def __init__(self, config: TransformerConfig, *, seed: int = 0, mesh: Mesh | None = None):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         seed = check_int(seed, "seed", minimum=0)

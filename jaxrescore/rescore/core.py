@@ -29,8 +29,10 @@ the target's float noise nor rounding to the working dtype can make it pass.
 
 The library never certifies against its own evidence: when the running max observed ``target -
 draft`` (the carry's ``max_excess``, this batch included) exceeds ``assumed_gap + tolerance``, the
-assumption is refuted and ``certified`` is 0 — unless the draft support is exhausted, which needs
-no gap at all.
+assumption is refuted and ``certified`` is 0 — even when the draft support is exhausted, since a
+sequence the draft rules out need not be ruled out by a target that breaks the gap.
+
+Rows whose target score is ``-inf`` (outside the target's support) are never returned.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike, DTypeLike
 
 CERT_NONE, CERT_FALSE, CERT_TRUE = -1, 0, 1
 
@@ -60,7 +63,7 @@ class GapCarry(NamedTuple):
     calls: jax.Array
 
 
-def init_carry(dtype=jnp.float32) -> GapCarry:
+def init_carry(dtype: DTypeLike = jnp.float32) -> GapCarry:
     """The carry of an index that has rescored nothing yet."""
     return GapCarry(
         jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
@@ -124,7 +127,19 @@ def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
     )
 
 
-def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, carry, *, k_max, tolerance=0.0):
+def rescore(
+    target_lps: ArrayLike,
+    draft_lps: ArrayLike,
+    valid: ArrayLike,
+    edge_bounds: ArrayLike,
+    start: ArrayLike,
+    k: ArrayLike,
+    assumed_gap: ArrayLike,
+    carry: GapCarry,
+    *,
+    k_max: int,
+    tolerance: ArrayLike = 0.0,
+) -> tuple[RescoreOutput, GapCarry]:
     """Target-rerank one query over a pulled batch and decide its certificate.
 
     Args:
@@ -153,7 +168,9 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     pulled = jnp.asarray(valid, bool)
     n_pulled = jnp.sum(pulled, dtype=jnp.int32)
     scored = ~jnp.isnan(target_lps)
-    valid = pulled & scored
+    rescored = pulled & scored
+    # A -inf target score means "outside the target's support": never an answer.
+    valid = rescored & (target_lps > -jnp.inf)
     n_rows = target_lps.shape[0]
     n_valid = jnp.sum(valid, dtype=jnp.int32)
 
@@ -172,10 +189,12 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     has_bound = ~jnp.isnan(edge)
     full = (jnp.sum(mask) >= k) & (start >= 0)
     all_scored = ~jnp.any(pulled & ~scored)
-    new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), valid)
+    new_carry = update_carry(carry, target_lps, jnp.asarray(draft_lps), rescored)
     refuted = new_carry.max_excess > assumed_gap + tolerance
-    cleared = full & has_bound & ~refuted & _clears(worst, edge, assumed_gap, tolerance)
-    proven = all_scored & (exhausted | cleared)
+    cleared = full & has_bound & _clears(worst, edge, assumed_gap, tolerance)
+    # Exhaustion of the DRAFT's support also leans on the gap (a sequence the draft rules out
+    # must be ruled out by the target too), so a refuted gap voids it as well.
+    proven = all_scored & ~refuted & (exhausted | cleared)
     requested = ~jnp.isnan(assumed_gap)
     certified = jnp.where(requested, proven.astype(jnp.int8), jnp.int8(CERT_NONE))
     bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)
@@ -186,7 +205,19 @@ def rescore(target_lps, draft_lps, valid, edge_bounds, start, k, assumed_gap, ca
     return out, new_carry
 
 
-def rescore_sweep(target_lps, draft_lps, valid, edge_bounds, starts, ks, assumed_gaps, carry, *, k_max, tolerance=0.0):
+def rescore_sweep(
+    target_lps: ArrayLike,
+    draft_lps: ArrayLike,
+    valid: ArrayLike,
+    edge_bounds: ArrayLike,
+    starts: ArrayLike,
+    ks: ArrayLike,
+    assumed_gaps: ArrayLike,
+    carry: GapCarry,
+    *,
+    k_max: int,
+    tolerance: ArrayLike = 0.0,
+) -> tuple[RescoreOutput, GapCarry]:
     """:func:`rescore` vmapped over a leading query axis ``Q`` of ``valid [Q, N]``, ``starts``,
     ``ks`` and ``assumed_gaps [Q]``; the batch arrays, the carry and ``tolerance`` are shared."""
     per_query = jax.vmap(
