@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.sampling import sample_sequences
-from jaxrescore.models.transformer import TransformerLM
-from jaxrescore.typing import Sequences
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+from jaxrescore.typing import PyTree, Sequences
 
 
 class QTensor(NamedTuple):
@@ -80,7 +81,9 @@ class Int8TransformerLM(JaxLM):
 
     trainable = False
 
-    def __init__(self, config, graphdef, qparams, *, mesh=None):
+    def __init__(
+        self, config: TransformerConfig, graphdef: nnx.GraphDef, qparams: PyTree, *, mesh: Mesh | None = None
+    ):
         self.config = config
         super().__init__(
             Int8Apply(graphdef), qparams, vocab_size=config.vocab_size, eos=config.eos,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numbers
 from functools import partial
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,18 @@ class NGramLM(DeviceBatched):
     chunk_tokens = 1 << 20  # a gather has no activations to keep in cache: few big calls
     score_tolerance = TABLE_TOLERANCE  # a context's row is the same table row in every batch
 
-    def __init__(self, table, context_keys, *, order, vocab_size, eos, max_len, discounts, mesh=None):
+    def __init__(
+        self,
+        table: ArrayLike,
+        context_keys: Sequence[ArrayLike],
+        *,
+        order: int,
+        vocab_size: int,
+        eos: int | None,
+        max_len: int,
+        discounts: Sequence[float],
+        mesh: Mesh | None = None,
+    ):
         # log(p) of a float64 p that rounds above 1 is a hair above 0: clip (every model does).
         self.params = jnp.asarray(np.minimum(np.asarray(table, np.float32), 0.0))
         self._top_m = {}  # m -> host (values float32[R, m], ids int32[R, m])
