@@ -356,9 +356,9 @@ def test_enumerate_target_and_draft_of_different_lengths(capsys, tmp_path, targe
     out = run_json(capsys, "enumerate", "--target", str(tmp_path / "t.npz"), "--draft",
                    str(tmp_path / "d.npz"), "--k", "20", "--window", "0", "--gap", "1", "--json")
     assert out["proven"] is True and all(len(i["tokens"]) <= target_len for i in out["items"])
-    # k=20 exceeds the short target's support (13 sequences): the rest are counted, not listed
-    assert len(out["items"]) + out["outside_target_support"] == 20
+    # k=20 exceeds the short target's support (13 sequences): only those are listed
     assert len(out["items"]) == (13 if target_len == 3 else 20)
+    assert all(i["target_log_prob"] > -np.inf for i in out["items"])
 
 
 def test_a_corrupted_model_file_is_one_line_exit_2(capsys, tmp_path, tiny_models):
