@@ -57,3 +57,47 @@ def test_build_carries_py_typed_and_the_data_files(tmp_path):
     shipped = {p.relative_to(src).as_posix() for p in (src / "jaxrescore" / "data").iterdir()}
     data = {n for n in shipped if not n.endswith(".py")}
     assert data and data <= built, f"data files missing from the build: {sorted(data - built)}"
+
+
+def public_functions():
+    """Every public function and method (own or inherited from a jaxrescore class) of the names the
+    package exports."""
+    import importlib
+    import inspect
+
+    seen = set()
+    for module in ("jaxrescore", "jaxrescore.models", "jaxrescore.rescore", "jaxrescore.index",
+                   "jaxrescore.data"):
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if inspect.isclass(obj):
+                for cls in obj.__mro__:
+                    if not cls.__module__.startswith("jaxrescore"):
+                        continue
+                    for attr, value in vars(cls).items():
+                        fn = getattr(value, "__func__", value)
+                        if not (inspect.isfunction(fn) and fn.__module__.startswith("jaxrescore")):
+                            continue  # e.g. the __init__ typing.Protocol puts on the protocol
+                        if not attr.startswith("_") or attr == "__init__":
+                            if fn not in seen:
+                                seen.add(fn)
+                                yield f"{cls.__name__}.{attr}", fn
+            elif inspect.isfunction(obj) and obj not in seen:
+                seen.add(obj)
+                yield name, obj
+
+
+def test_public_functions_are_fully_annotated():
+    import inspect
+    import typing
+
+    missing = []
+    for name, fn in public_functions():
+        sig = inspect.signature(fn)
+        bare = [p for p, v in sig.parameters.items() if p not in ("self", "cls") and v.annotation is v.empty]
+        if bare or (sig.return_annotation is sig.empty and fn.__name__ != "__init__"):
+            missing.append(f"{name}{' params ' + str(bare) if bare else ''}")
+        else:
+            typing.get_type_hints(fn)  # every annotation resolves at runtime
+    assert not missing, "public functions without complete type hints:\n" + "\n".join(missing)

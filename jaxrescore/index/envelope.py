@@ -47,8 +47,10 @@ import numpy as np
 
 from jaxrescore.index._envelope_descent import _buckets, _children, _LeafSplit, _Split, _SubtreeSplit
 from jaxrescore.index.envelope_calibration import EnvelopeCalibration
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.quantize import LN2, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
+from jaxrescore.typing import ArrayLike, PathLike, Sequences, Tokens
 
 MAX_RANK = 2**53  # ranks and demands are float64 integers on the host: exact below this
 RESOLVE_LIMIT = 1 << 12  # ranks count/threshold read one by one; past it they estimate in closed form
@@ -102,8 +104,9 @@ class AREnvelopeIndex(EnvelopeCalibration):
     exact_order = False  # jaxrescore.rescore.draft: an approximate order offers no bound
     bucket_bound = None
 
-    def __init__(self, model, *, bin_width_bits: float = 1.0, oversample: int = 8, n_paths: int = 64,
-                 seed: int = 0, calibration_sequences=None, max_depth_bits: float = 64.0,
+    def __init__(self, model: AutoregressiveEnumerable, *, bin_width_bits: float = 1.0, oversample: int = 8,
+                 n_paths: int = 64, seed: int = 0, calibration_sequences: Sequences | None = None,
+                 max_depth_bits: float = 64.0,
                  progress: bool | None = None, chunk_rows: int = 4096, lookahead: bool | None = None):
         self._setup(model, Quantizer(bin_width_bits, oversample), max_depth_bits, progress, chunk_rows)
         if lookahead is not None and not isinstance(lookahead, bool):
@@ -368,7 +371,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
             )
         return arr
 
-    def unrank_batch(self, ranks) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    def unrank_batch(self, ranks: ArrayLike) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """The sequences at ``ranks: int[N]`` (estimated ranks) and their exact log-probs
         ``float64[N]``; one batched forward per depth. IndexError beyond ``len(self)``."""
         arr = self._ranks_arg(ranks)
@@ -487,7 +490,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
             raise ValueError(f"seq {seq} is not in the model's support (length/eos rule, token ids)")
         return seq
 
-    def rank_bracket(self, seq) -> tuple[int, int | float]:
+    def rank_bracket(self, seq: Tokens) -> tuple[int, int | float]:
         """An ESTIMATE of the rank of ``seq``: ``(r, r)`` when the index places ``seq`` at rank ``r``
         (``unrank(r) == seq``; for a model whose rows do not depend on the prefix that is its exact
         SeekIndex rank), else the estimated rank span of its bucket (``(len, inf)`` beyond
@@ -538,14 +541,16 @@ class AREnvelopeIndex(EnvelopeCalibration):
 
     # -- persistence ---------------------------------------------------------------------------------
 
-    def save(self, path) -> None:
+    def save(self, path: PathLike) -> None:
         """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.envelope_io`)."""
         from jaxrescore.index.envelope_io import save_envelope
 
         save_envelope(self, path)
 
     @classmethod
-    def load(cls, path, model, *, progress: bool | None = None, chunk_rows: int = 4096) -> "AREnvelopeIndex":
+    def load(
+        cls, path: PathLike, model: AutoregressiveEnumerable, *, progress: bool | None = None, chunk_rows: int = 4096
+    ) -> AREnvelopeIndex:
         """Read an index saved by :meth:`save` for ``model``. FileNotFoundError for a missing file;
         ValueError naming the file for an unreadable, truncated, foreign-format, other-version or
         tampered one, or one built for a model with another vocab_size/eos/max_len or other
