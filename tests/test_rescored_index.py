@@ -125,22 +125,26 @@ def test_bound_is_the_bucket_edge_never_the_edge_items_score():
 
 def test_short_result_certifies_on_true_exhaustion_only():
     draft, target = pair(8, vocab=2, max_len=2)
-    full = RescoredIndex(BruteIndex(draft), target, rerank_window=0, assumed_gap=0.0).top_k(10)
+    gap = true_excess(draft, target, draft.support())  # exhaustion leans on a true gap too
+    full = RescoredIndex(BruteIndex(draft), target, rerank_window=0, assumed_gap=gap).top_k(10)
     assert len(full.items) == 4 and full.certified is True and full.bound is None
     assert "exhausted" in full.reason
     truncated = BruteIndex(draft, budget_bits=1.0)
     assert truncated.truncated and 0 < len(truncated) < 4
-    short = RescoredIndex(truncated, target, rerank_window=0, assumed_gap=0.0).top_k(10)
+    short = RescoredIndex(truncated, target, rerank_window=0, assumed_gap=gap).top_k(10)
     assert len(short.items) == len(truncated) and short.certified is False
 
 
 def test_running_out_is_exhaustion_only_with_an_explicit_report():
     draft, target = pair(9, vocab=2, max_len=2)
+    gap = true_excess(draft, target, draft.support())
     index = BruteIndex(draft, with_bound=False, batch=False)
-    result = RescoredIndex(index, target, rerank_window=5, assumed_gap=0.0).top_k(2)
+    result = RescoredIndex(index, target, rerank_window=5, assumed_gap=gap).top_k(2)
     assert result.certified is True and len(result.items) == 2 and "truncated=False" in result.reason
+    refuted = RescoredIndex(index, target, rerank_window=5, assumed_gap=0.0).top_k(2)
+    assert refuted.certified is False and "refuted" in refuted.reason  # exhaustion needs the gap too
     del index.truncated, index.dropped_upper  # e.g. an approximate index stopping at an estimate
-    result = RescoredIndex(index, target, rerank_window=5, assumed_gap=0.0).top_k(2)
+    result = RescoredIndex(index, target, rerank_window=5, assumed_gap=gap).top_k(2)
     assert result.certified is False and "not proven exhaustion" in result.reason
 
 
@@ -287,13 +291,21 @@ def test_bad_target_output_errors_and_leaves_state_unchanged(bad_target, match):
     assert rescored.carry == before
 
 
-def test_minus_inf_target_scores_are_valid():
+def test_minus_inf_target_scores_are_valid_but_never_answers():
+    """-inf is a valid score (outside the target's support); such sequences are never returned,
+    so a pull with too few supported sequences gives a short, uncertified result."""
     draft, target = pair(14)
-    off = set(draft.support()[:3])
-    result = RescoredIndex(
-        BruteIndex(draft), lambda s: [-math.inf if x in off else target.log_prob(x) for x in s], rerank_window=2
-    ).top_k(5)
-    assert len(result.items) == 5 and all(lp > -math.inf for _, lp in result.items[:4])
+    off = {BruteIndex(draft).rows[i][1] for i in (0, 2, 4)}  # three of the pulled seven
+    rescored = RescoredIndex(
+        BruteIndex(draft), lambda s: [-math.inf if x in off else target.log_prob(x) for x in s],
+        rerank_window=2, assumed_gap=50.0,
+    )
+    pulled = [row[1] for row in BruteIndex(draft).rows[:7]]
+    result = rescored.top_k(5)
+    finite = [s for s in pulled if s not in off]
+    assert len(result.items) == min(5, len(finite)) and all(lp > -math.inf for _, lp in result.items)
+    assert not {s for s, _ in result.items} & off
+    assert len(result.items) == 4 and result.certified is False
 
 
 def test_model_target_with_score_sequences():

@@ -273,12 +273,13 @@ def frontier(s: ScoredArrays, structure: Structure) -> Frontier:
     return Frontier(bound, exits)
 
 
-def clears(worst: float, bound: float, tolerance: float) -> bool:
-    """Whether ``worst`` provably beats every sequence below ``bound``: ``worst >= bound +
-    tolerance`` with float64 rounding on top; ``bound == -inf`` (nothing left) always clears."""
-    if bound == -np.inf:
-        return True
-    if not np.isfinite(worst):
-        return False
-    slack = 8 * np.finfo(np.float64).eps * (abs(worst) + abs(bound))
-    return bool(worst - bound >= tolerance + slack)
+def clears(worst: float, bound, tolerance: float):
+    """Whether ``worst`` provably beats everything below ``bound`` (a float or a float64 array):
+    ``worst >= bound + tolerance`` with float64 rounding on top; a ``-inf`` bound (nothing
+    left) always clears, a non-finite ``worst`` never clears a finite bound. The search opens
+    exactly the exits this refuses, so it never stalls on an exit it could not close."""
+    b = np.asarray(bound, np.float64)
+    with np.errstate(invalid="ignore"):
+        slack = 8 * np.finfo(np.float64).eps * (abs(worst) + np.abs(b))
+        ok = (b == -np.inf) | (np.isfinite(worst) & (worst - b >= tolerance + slack))
+    return bool(ok) if ok.ndim == 0 else ok

@@ -332,8 +332,8 @@ class RescoredIndex:
         bounds = {}
         for q in queries:
             n = min(q.extent, len(pull.seqs))
-            if n not in bounds:
-                bounds[n] = self._draft.bound(n, pull) if q.gap is not None else None
+            if q.gap is not None and bounds.get(n) is None:
+                bounds[n] = self._draft.bound(n, pull)
         return pull, bounds
 
     def _finish(self, queries: list[_Query], scored: ScoredSet, bounds: dict, rows=None, proofs=None, rounds=1) -> list[RescoreResult]:
@@ -480,8 +480,6 @@ def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int,
     if code == CERT_NONE:
         return "no assumed_gap supplied: certification not attempted"
     assert bound is not None
-    if bound.value == -math.inf:
-        return f"draft support exhausted after {n} sequences: every draft sequence was rescored ({bound.why})"
     if math.isnan(bound.value):
         return f"no sound bound on unpulled sequences: {bound.why}"
     if excess > q.gap + tolerance:
@@ -489,6 +487,8 @@ def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int,
             f"assumed_gap {q.gap:.6g} is refuted by the library's own observations: a rescored "
             f"sequence has target - draft = {excess:.6g} > assumed_gap + tolerance {tolerance:g}"
         )
+    if bound.value == -math.inf:
+        return f"draft support exhausted after {n} sequences: every draft sequence was rescored ({bound.why})"
     if len(items) < q.k:
         return f"only {len(items)} of k={q.k} items: the draft ran out, but it is not exhausted"
     worst = items[-1][1]

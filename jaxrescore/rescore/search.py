@@ -219,7 +219,7 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fe
     the full rows of nodes whose open exit is a top-m "rest" (when ``fetch``)."""
     worst = kth_best(scored.target_lps, start + k - 1)
     ex = front.exits
-    is_open = ex.value > worst - scored.tolerance if np.isfinite(worst) else np.isfinite(ex.value)
+    is_open = ~clears(worst, ex.value, scored.tolerance)
     order = np.argsort(-ex.value[is_open], kind="stable")
     seq, depth, token = (a[is_open][order] for a in (ex.seq, ex.depth, ex.token))
     arrays = scored.arrays()
