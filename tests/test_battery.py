@@ -459,7 +459,7 @@ SETTINGS = dict(deadline=None, derandomize=not os.environ.get("JAXRESCORE_BATTER
                                        HealthCheck.function_scoped_fixture])
 
 
-@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES", 600)), **SETTINGS)
+@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES", 450)), **SETTINGS)
 @given(case=case_strategy())
 @example(case={  # issue 10 item 1: positive-noise steps, the same model as draft and target
     "name": "item1-positive-noise", "vocab": 3, "eos": None, "max_len": 2, "target_seed": 0, "draft_seed": 0,
@@ -484,7 +484,7 @@ def test_battery_random_cases(request, tmp_path_factory, case):
     _battery(request, tmp_path_factory, stats, "random")(case)
 
 
-@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES_SPECIAL", 200)), **SETTINGS)
+@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES_SPECIAL", 150)), **SETTINGS)
 @given(case=case_strategy().map(lambda c: {**c, "sweep": True, "save_load": True,
                                            "threads": c["target_seed"] % 3 == 0,
                                            "style": "dyadic" if c["target_seed"] % 2 else c["style"]}))
