@@ -717,9 +717,8 @@ def run_enumerate(
       continuation decoded with the models' vocabulary, or the ids when they carry none,
       ``target_log_prob``, ``draft_log_prob``), the proof keys of :func:`run_demo`,
       ``gap_certified`` (or None), ``draft_forwards``, ``vocabulary`` (whether text was
-      decoded), ``outside_target_support`` (returned sequences the target gives probability 0,
-      left out of ``items``: only when ``k`` exceeds the target's support), ``seconds`` and
-      the arguments.
+      decoded; fewer than ``k`` items only when ``k`` exceeds the target's support, which is
+      never returned past), ``seconds`` and the arguments.
     """
     import time
 
@@ -762,17 +761,12 @@ def run_enumerate(
         full = tuple(prompt) + tuple(seq)
         return decode_tokens(full, vocabulary, target.eos) if vocabulary else " ".join(map(str, full))
 
-    # A query asking for more than the target's support returns its draft-only sequences at
-    # target log-prob -inf (see the report on rescore/core.py): they are not answers, so they are
-    # counted, not listed.
-    pairs = list(zip(result.items, result.draft_log_probs))
     out = {
         "items": [
             {"tokens": list(seq), "text": text(seq), "target_log_prob": lp,
              "draft_log_prob": _finite_or_none(dlp)}
-            for (seq, lp), dlp in pairs if lp > -np.inf
+            for (seq, lp), dlp in zip(result.items, result.draft_log_probs)
         ],
-        "outside_target_support": sum(1 for (_, lp), _ in pairs if lp == -np.inf),
         **proof,
         "vocabulary": vocabulary is not None,
         "k": k,
@@ -804,7 +798,7 @@ def format_enumerate_answer(out: dict) -> str:
             f"{i:>4}  {_fit(item['text'], width):<{width}}{item['target_log_prob']:>15.3f}"
             f"{_nats(item['draft_log_prob']):>15}"
         )
-    if out.get("outside_target_support"):
+    if out["proven"] and len(out["items"]) < out["k"]:
         lines.append(
             f"(the target's whole support has {len(out['items'])} sequences: fewer than k={out['k']})"
         )

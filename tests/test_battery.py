@@ -30,7 +30,6 @@ CI draws the same cases every run; ``JAXRESCORE_BATTERY_EXPLORE=1`` draws new on
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -156,36 +155,16 @@ def true_excess(draft_model, target_model, support) -> float:
 # ---- one case ----------------------------------------------------------------------------------
 
 
-# A query asking for more than the target's support (start + k past its last positive-probability
-# sequence) gets, from rescore/core.py today, the draft-only sequences it scored at target -inf
-# appended to the answer, with proven/certified True. Not this battery's files to fix (reported;
-# pinned strictly by tests/corpus/known-minus-inf-items.json): outside strict mode such results
-# pass when everything else is exact, and are counted.
-KNOWN_MINUS_INF = "rescore core returns sequences scored -inf (outside the target's support) as items"
-# The core certifies by exhaustion ("the draft support was exhausted") even when its own excess
-# refutes the assumed gap (issue 10 item 3 says: certified False). Wrong answers follow when the
-# target gives mass to sequences the draft rules out, which only a (refuted) gap excludes.
-# Pinned by tests/corpus/known-exhausted-refuted.json; counted outside strict mode.
-KNOWN_EXHAUSTED_REFUTED = "certified by exhaustion while the result's excess refutes the gap"
-# The search opens exits with value > worst - tolerance: at magnitudes where the tolerance
-# vanishes in float64 (|worst| > 1e9), an exit tied with the worst item is never opened, so the
-# search stops unproven. Sound, not live; pinned by tests/corpus/known-tie-at-huge-scores.json.
-LIVENESS_FLOOR = -1e9
-
-
 class Stats:
     def __init__(self, strict: bool = False):
         self.strict = strict
-        self.cases = self.queries = self.proven = self.certified = self.beyond_support = self.minus_inf = 0
-        self.exhausted_refuted = self.liveness_skipped = 0
+        self.cases = self.queries = self.proven = self.certified = self.beyond_support = 0
 
     def line(self, name: str) -> str:
         return (
             f"battery[{name}]: {self.cases} cases, {self.queries} queries ({self.proven} proven, "
             f"{self.certified} certified checked against brute force, {self.beyond_support} asking "
-            f"past the target's support; known defects tolerated: {self.minus_inf} x {KNOWN_MINUS_INF}, "
-            f"{self.exhausted_refuted} x {KNOWN_EXHAUSTED_REFUTED}; {self.liveness_skipped} searches "
-            "not required to prove: scores below -1e9)"
+            f"past the target's support)"
         )
 
 
@@ -201,10 +180,7 @@ def check_result(r, truth: dict, start: int, k: int, gap, excess: float, toleran
         want = truth.get(tuple(s), -math.inf)
         assert lp == want or abs(lp - want) <= tie_tol, f"{what}: item {s} has {lp}, the target gives {want}"
     if r.certified and gap is not None and r.excess > gap + tolerance + 1e-12:
-        if not stats.strict and "exhausted" in r.reason:
-            stats.exhausted_refuted += 1
-        else:
-            raise AssertionError(f"{what}: certified while excess {r.excess} > gap {gap}: {r.reason}")
+        raise AssertionError(f"{what}: certified while excess {r.excess} > gap {gap}: {r.reason}")
     claims = []
     if r.proven:
         claims.append("proven")
@@ -218,11 +194,6 @@ def check_result(r, truth: dict, start: int, k: int, gap, excess: float, toleran
     want = finite[start : start + k]
     if start + k > len(finite):
         stats.beyond_support += 1
-        tail = got[len(want):]
-        if not stats.strict and tail and all(v == -math.inf for v in tail):
-            stats.minus_inf += 1
-            got = got[: len(want)]
-            r = dataclasses.replace(r, items=r.items[: len(want)])
     ok = len(got) == len(want) and len({tuple(s) for s, _ in r.items}) == len(got)
     ok = ok and all(abs(a - b) <= tie_tol for a, b in zip(got, want))
     assert ok, (
@@ -271,10 +242,7 @@ def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
             r = ri.slice(start, k, prove=True)
             finite = sorted((v for v in truth.values() if v > -math.inf), reverse=True)
             if start + k <= len(finite):
-                if finite[start + k - 1] < LIVENESS_FLOOR and not stats.strict:
-                    stats.liveness_skipped += 1
-                else:
-                    assert r.proven is True, f"{what}: the search did not prove: {r.proof_reason}"
+                assert r.proven is True, f"{what}: the search did not prove: {r.proof_reason}"
         elif how == "until_certified":
             if gap is None:
                 continue
@@ -287,11 +255,7 @@ def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
         plain = [q for q in queries if q[4] == "plain"] or queries[:1]
         ri = RescoredIndex(index, t_model, rerank_window=0)
         gaps = [_gap(q[3], excess) for q in plain]
-        # Outside strict mode, queries with and without a gap go in separate sweeps (one sweep
-        # mixing them on one pull size is a known defect: tests/corpus/known-sweep-mixed-gaps.json).
-        groups = [list(range(len(plain)))] if stats.strict else [
-            [i for i, g in enumerate(gaps) if (g is None) == none] for none in (True, False)]
-        for group in (g for g in groups if g):
+        for group in [list(range(len(plain)))]:
             results = ri.sweep([plain[i][0] for i in group], [plain[i][1] for i in group],
                                [plain[i][2] for i in group], [gaps[i] for i in group])
             for i, r in zip(group, results):

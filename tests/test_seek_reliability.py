@@ -585,3 +585,33 @@ def test_version_2_files_load_and_are_rechecked(tmp_path):
     _rewrite(path, lambda h, a: h.update(version=1))
     with pytest.raises(ValueError, match="version 1.*reads versions 2 and 3"):
         SeekIndex.load(path, model)
+
+
+def test_duck_models_are_checked_where_they_enter():
+    """A duck-typed model's attributes are checked at construction and its rows on every call."""
+
+    class Duck:
+        vocab_size, eos, max_len = 3, None, 2
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def next_logprobs(self, prefixes, lengths):
+            return self.rows(len(lengths))
+
+    uniform = lambda b: np.log(np.full((b, 3), 1 / 3, np.float32))  # noqa: E731
+    assert len(SeekIndex(Duck(uniform), progress=False)) == 9
+    bad = {
+        "probabilities": lambda b: np.full((b, 3), 1 / 3, np.float32),
+        "+inf": lambda b: np.tile(np.array([np.inf, -1.0, -1.0], np.float32), (b, 1)),
+        "extra column": lambda b: np.log(np.full((b, 4), 1 / 4, np.float32)),
+    }
+    for name, rows in bad.items():
+        with pytest.raises(ValueError, match="model.next_logprobs"):
+            SeekIndex(Duck(rows), progress=False)
+
+    class BadEos(Duck):
+        eos = 3
+
+    with pytest.raises(ValueError, match="eos"):
+        SeekIndex(BadEos(uniform), progress=False)

@@ -68,6 +68,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.checked import check_protocol, model_rows
 from jaxrescore.quantize import LN2, MAX_BUDGET_BITS, NO_BUCKET, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PathLike, Tokens
@@ -284,12 +285,9 @@ class SeekIndex:
 
     def _setup(self, model, quantizer, branch_cap, max_depth_bits, progress, chunk_rows, *, max_nodes=None,
                max_bytes=None):
-        for attr in ("vocab_size", "eos", "max_len", "next_logprobs"):
-            if not hasattr(model, attr):
-                raise TypeError(
-                    f"model must implement AutoregressiveEnumerable (vocab_size, eos, max_len, "
-                    f"next_logprobs); {type(model).__name__} has no {attr!r}"
-                )
+        # Attributes checked now (eos < vocab_size included); a duck-typed model's rows are
+        # checked on every call (jaxrescore.models.checked.model_rows).
+        check_protocol(model, "model")
         self.model = model
         self.max_len = _int_arg(model.max_len, "model.max_len", minimum=1)
         self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
@@ -724,7 +722,7 @@ class SeekIndex:
         prefixes[:b, :depth] = self._decode_fixed(ids, depth)
         lengths = np.zeros(prefixes.shape[0], np.int32)
         lengths[:b] = depth
-        rows = np.asarray(self.model.next_logprobs(prefixes, lengths))
+        rows = np.asarray(model_rows(self.model, prefixes, lengths))
         if rows.ndim != 2 or rows.shape[0] != prefixes.shape[0]:
             raise ValueError(
                 f"model.next_logprobs returned shape {rows.shape} for {prefixes.shape[0]} prefixes; "
@@ -1147,7 +1145,7 @@ class SeekIndex:
             prefixes[j, :j] = seq[:j]
         lengths = np.zeros(prefixes.shape[0], np.int32)
         lengths[:n] = np.arange(n)
-        rows = np.asarray(self.model.next_logprobs(prefixes, lengths))[:n]
+        rows = np.asarray(model_rows(self.model, prefixes, lengths))[:n]
         self.forwards += n
         toks = np.asarray(seq, np.int64)
         inside = toks < rows.shape[1]
