@@ -287,7 +287,12 @@ class SeekIndex:
                max_bytes=None):
         # Attributes checked now (eos < vocab_size included); a duck-typed model's rows are
         # checked on every call (jaxrescore.models.checked.model_rows).
-        check_protocol(model, "model")
+        # An inferred vocabulary (CallableModel without vocab_size) starts at 0 and grows; its
+        # rows are validated by the model itself (as jaxrescore.models.checked.checked_model does).
+        if getattr(model, "vocab_inferred", False):
+            check_protocol(_AtLeastOneToken(model), "model")
+        else:
+            check_protocol(model, "model")
         self.model = model
         self.max_len = _int_arg(model.max_len, "model.max_len", minimum=1)
         self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
@@ -1205,6 +1210,15 @@ class SeekIndex:
 
         return load_index(cls, path, model, progress=progress, chunk_rows=chunk_rows, max_nodes=max_nodes,
                           max_bytes=max_bytes)
+
+
+class _AtLeastOneToken:
+    """A model's protocol attributes as :func:`check_protocol` sees them while its vocabulary is
+    still being inferred (``vocab_size`` 0 until a row names a token)."""
+
+    def __init__(self, model):
+        self.vocab_size = max(int(model.vocab_size), 1 if model.eos is None else int(model.eos) + 1)
+        self.eos, self.max_len, self.next_logprobs = model.eos, model.max_len, model.next_logprobs
 
 
 def _cost(step: np.ndarray) -> np.ndarray:
