@@ -34,6 +34,7 @@ SECTIONS = [
     ("wide", "bench_wide"),
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
+    ("kv_cache", "bench_kv_cache"),
     ("seek_index", "bench_seek_index"),
     ("seek_memory", "bench_seek_memory"),
     ("envelope", "bench_envelope"),

@@ -5,6 +5,10 @@ prefixes best first and stopping when the ``k``-th best complete sequence found 
 as high as every unexpanded prefix gives the model's exact top-k. Batched: each call expands the
 ``batch`` best open prefixes in ONE ``next_logprobs`` call, so the cost is ``calls`` sequential
 model calls and ``forwards`` prefix rows, what the speculative search is measured against.
+
+A model that decodes incrementally (see :mod:`jaxrescore.models.decoding`) expands through one
+:class:`~jaxrescore.models.decoding.DecodingSession` for the whole search: every expanded prefix's
+parent was expanded before, so (while its cache is held) a row costs one token position.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import heapq
 from typing import NamedTuple
 
 import numpy as np
+
+from jaxrescore.models.decoding import incremental
 
 
 class BestFirstResult(NamedTuple):
@@ -39,6 +45,7 @@ def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstRes
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     batch = int(k if batch is None else batch)
+    model = incremental(model)
     eos, max_len = model.eos, int(model.max_len)
     open_ = [(-0.0, ())]  # (negated log-prob, prefix): a max-heap by log-prob
     best: list = []  # min-heap of (log_prob, sequence): the k best complete sequences so far

@@ -239,8 +239,16 @@ class SeekIndex:
         ``4 * V`` per kept next-token row; None means :func:`default_max_bytes` (2 GiB, or an
         eighth of physical memory if less). A deepening that would pass either limit raises
         :class:`IndexLimitError` before allocating and leaves the index as it was.
+      decode_cache_bytes: for a model that decodes incrementally (a TransformerLM, its int8 twin,
+        a ``from_apply_fn`` model with a cache-aware step, or a prompted one), the most bytes of
+        key/value caches kept between levels (see :mod:`jaxrescore.models.decoding`): a prefix
+        whose parent's cache is held costs one token position. None: the session's default
+        (1 GiB, or a sixteenth of physical memory if less); 0: every row is a full forward.
+        Caches live on the model's device, outside ``max_bytes``.
 
-    Counters: ``forwards`` (model rows evaluated, padding excluded), ``builds`` (build passes).
+    Counters: ``forwards`` (model rows evaluated, padding excluded), ``builds`` (build passes),
+    ``positions`` (token positions those rows cost: one per row whose parent's cache was held,
+    else the prefix, its prompt and BOS).
 
     Memory: :attr:`nbytes` as counted above; a build's transient peak is up to about twice that.
     """
@@ -258,7 +266,11 @@ class SeekIndex:
         chunk_rows: int = 4096,
         max_nodes: int | None = None,
         max_bytes: int | None = None,
+        decode_cache_bytes: int | None = None,
     ):
+        self.decode_cache_bytes = None if decode_cache_bytes is None else _int_arg(
+            decode_cache_bytes, "decode_cache_bytes", minimum=0
+        )
         self._setup(
             model,
             Quantizer(bin_width_bits, oversample),
@@ -309,6 +321,8 @@ class SeekIndex:
         self._lock = threading.RLock()
         self.forwards = 0
         self.builds = 0
+        self.positions = 0
+        self._session = None  # the DecodingSession of incremental models (built on first use)
         self._nodes = _Nodes()
         self._budget = -1  # deepest fine bucket admitted; -1 = nothing built yet
         self._row_ids: list[np.ndarray] = []  # expanded nodes, chunk by chunk
@@ -329,6 +343,7 @@ class SeekIndex:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_lock", None)  # a lock cannot be pickled; each copy gets its own
+        state["_session"] = None  # device caches: rebuilt on demand
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -566,7 +581,7 @@ class SeekIndex:
             raise
 
     def _snapshot(self) -> dict:
-        names = ("_budget", "_frontier_min", "_cut_min", "_length_cut_min", "_dropped", "forwards", "builds",
+        names = ("_budget", "_frontier_min", "_cut_min", "_length_cut_min", "_dropped", "forwards", "builds", "positions",
                  "_root_row", "_seq_id", "_seq_fb", "_seq_lp", "_n_rows")
         state = {name: getattr(self, name) for name in names}
         state["n_nodes"] = self._nodes.n
@@ -723,10 +738,22 @@ class SeekIndex:
         """The model's next-token rows float32[b, V] for the prefixes of nodes ``ids`` (all of
         length ``depth``), in one padded call."""
         b = ids.size
+        session = self._decoding_session()
+        if session is not None:  # parents' caches held: one token position per row
+            prefixes = np.zeros((b, max(depth, 1)), np.int32)
+            prefixes[:, :depth] = self._decode_fixed(ids, depth)
+            before = session.positions
+            rows = session.next_logprobs(prefixes, np.full(b, depth, np.int32))
+            self.positions += session.positions - before
+            self.forwards += b
+            if depth == 0 and self._root_row is None:
+                self._root_row = rows[0].copy()
+            return rows
         prefixes = np.zeros((bucket_size(b), bucket_size(max(depth, 1))), np.int32)
         prefixes[:b, :depth] = self._decode_fixed(ids, depth)
         lengths = np.zeros(prefixes.shape[0], np.int32)
         lengths[:b] = depth
+        self.positions += b * (depth + 1 + len(getattr(self.model, "prompt", ()) or ()))
         rows = np.asarray(model_rows(self.model, prefixes, lengths))
         if rows.ndim != 2 or rows.shape[0] != prefixes.shape[0]:
             raise ValueError(
@@ -740,6 +767,19 @@ class SeekIndex:
         if depth == 0 and self._root_row is None:
             self._root_row = rows[0].copy()
         return rows
+
+    def _decoding_session(self):
+        """The model's :class:`~jaxrescore.models.decoding.DecodingSession` (None when it has no
+        incremental forward or ``decode_cache_bytes`` is 0), kept across passes."""
+        if getattr(self, "decode_cache_bytes", None) == 0:
+            return None
+        held = self._session  # (model, session or None)
+        if held is None or held[0] is not self.model:
+            from jaxrescore.models.decoding import decoding_session
+
+            held = (self.model, decoding_session(self.model, max_bytes=getattr(self, "decode_cache_bytes", None)))
+            self._session = held
+        return held[1]
 
     def _cut(self, ids: np.ndarray, depth: int, rows: np.ndarray) -> np.ndarray:
         """Apply ``branch_cap`` and the ``max_len`` cut of a terminating model to fresh rows: the cut

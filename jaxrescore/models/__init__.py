@@ -4,6 +4,7 @@ from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.checkpoint import load_model, save_model
+from jaxrescore.models.decoding import DecodingSession, decoding_session
 from jaxrescore.models.gap import GapEstimate, TopGapEstimate, estimate_gap, estimate_top_gap
 from jaxrescore.models.int8 import Int8TransformerLM, max_step_deviation, quantize_int8
 from jaxrescore.models.jax_lm import JaxLM
@@ -17,6 +18,7 @@ __all__ = [
     "ApplyFnLM",
     "AutoregressiveEnumerable",
     "CallableModel",
+    "DecodingSession",
     "GapEstimate",
     "Int8TransformerLM",
     "JaxLM",
@@ -25,6 +27,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerLM",
     "TopGapEstimate",
+    "decoding_session",
     "distill",
     "estimate_gap",
     "estimate_top_gap",

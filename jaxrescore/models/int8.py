@@ -21,7 +21,8 @@ from jax.sharding import Mesh
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.sampling import sample_sequences
-from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+from jaxrescore.models.decoding import Decoder
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM, transformer_decoder
 from jaxrescore.typing import PyTree, Sequences
 
 
@@ -93,6 +94,15 @@ class Int8TransformerLM(JaxLM):
     def __repr__(self) -> str:
         c = self.config
         return f"Int8TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers})"
+
+    def decoder(self) -> Decoder:
+        """The incremental forward (key/value caches, weights dequantised inside the jit) used by
+        :class:`~jaxrescore.models.decoding.DecodingSession`."""
+        held = self.__dict__.get("_decoder")
+        if held is None or held[0] is not self.apply.graphdef:
+            held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef, dequantize))
+            self._decoder = held
+        return held[1]
 
     @property
     def nbytes(self) -> int:

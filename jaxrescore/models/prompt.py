@@ -4,6 +4,11 @@
 ``c`` and its scores are the conditional log-probs ``log p(c | prompt)``: every call prepends the
 prompt and calls the base model ONCE, excluding the prompt's own steps from scores with the base's
 ``skip`` argument. A draft index built over a prompted model therefore enumerates completions.
+
+Over a base that decodes incrementally (:mod:`jaxrescore.models.decoding`), ``next_logprobs``
+reuses the prompt's key/value cache, computed once per prompted model: a row costs its own
+positions, not the prompt's. Teacher forcing (``score_sequences``, ``score_frontier``) stays one
+full forward of ``prompt + c``.
 """
 
 from __future__ import annotations
@@ -95,6 +100,13 @@ class PromptedModel(PromptableMixin):
           prefixes: int32[B, T] continuation prefixes (left-aligned).
           lengths: int32[B].
         """
+        from jaxrescore.models.decoding import decoding_session
+
+        # A base that decodes incrementally starts every row from the prompt's cache, computed
+        # once per with_prompt: the cost of a row does not grow with the prompt.
+        session = decoding_session(self, max_bytes=0)
+        if session is not None:
+            return session.next_logprobs(prefixes, lengths)
         prefixes = np.asarray(prefixes, np.int32)
         if prefixes.ndim != 2:
             raise ValueError(f"prefixes must be int32[B, T], got shape {prefixes.shape}")

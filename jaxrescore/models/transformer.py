@@ -14,6 +14,7 @@ import functools
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from jax.sharding import Mesh
 from flax import nnx
 
 from jaxrescore.models.base import check_int
+from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.jax_lm import JaxLM
 
 
@@ -123,12 +125,37 @@ class _Block(nnx.Module):
         y = self.ff2(jax.nn.gelu(self.ff1(self.ln2(x))))
         return x + _dropout(y, self.rate, k2)
 
+    def decode(self, x, start, ctx_k, ctx_v, ctx_len, row_k, row_v):
+        """The block over new positions with cached keys and values (see
+        :meth:`TransformerModule.decode`): ``x[B, W, d]`` at row positions ``start[b] + w``;
+        returns the output and the row cache with the new keys and values written in."""
+        b, w, d = x.shape
+        h = self.n_heads
+        q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
+        q, k, v = (a.reshape(b, w, h, d // h) for a in (q, k, v))
+        write = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0)))
+        row_k, row_v = write(row_k, k, start), write(row_v, v, start)
+        scale = math.sqrt(d // h)
+        a_ctx = jnp.einsum("bqhd,khd->bhqk", q, ctx_k) / scale
+        a_row = jnp.einsum("bqhd,bkhd->bhqk", q, row_k) / scale
+        ctx_ok = jnp.arange(ctx_k.shape[0]) < ctx_len  # shared positions written by the prefill
+        qpos = start[:, None] + jnp.arange(w)[None, :]
+        row_ok = jnp.arange(row_k.shape[1])[None, None, :] <= qpos[:, :, None]  # causal, own row
+        a_ctx = jnp.where(ctx_ok[None, None, None, :], a_ctx, -jnp.inf)
+        a_row = jnp.where(row_ok[:, None], a_row, -jnp.inf)
+        att = jax.nn.softmax(jnp.concatenate([a_ctx, a_row], axis=-1), axis=-1)
+        c = ctx_k.shape[0]
+        y = jnp.einsum("bhqk,khd->bqhd", att[..., :c], ctx_v) + jnp.einsum("bhqk,bkhd->bqhd", att[..., c:], row_v)
+        x = x + self.out(y.reshape(b, w, d))
+        return x + self.ff2(jax.nn.gelu(self.ff1(self.ln2(x)))), row_k, row_v
+
 
 class TransformerModule(nnx.Module):
     """The nnx network: ``tokens int32[B, T]`` (BOS id ``V`` first) -> ``logits float32[B, T, V]``."""
 
     def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
         self.rate = cfg.dropout
+        self.max_len = cfg.max_len
         self.embed = nnx.Embed(cfg.vocab_size + 1, cfg.d_model, rngs=rngs)
         # Sinusoidal tables are trace-time constants, so they never become trainable weights.
         self.pos = nnx.Embed(cfg.max_len, cfg.d_model, rngs=rngs) if cfg.positions == "learned" else None
@@ -148,6 +175,38 @@ class TransformerModule(nnx.Module):
             x = block(x, k)
         return self.head(self.ln_f(x))
 
+    def decode(self, tokens, start, last, ctx, ctx_len, cache):
+        """Incremental forward with key/value caches (no dropout).
+
+        Args:
+          tokens: int32[B, W], row ``b``'s new tokens at row positions ``start[b] + w``, i.e. at
+            absolute positions ``ctx_len + start[b] + w`` (padding tokens past a row's end are
+            harmless: they only write cache positions later writes overwrite and masks hide).
+          start: int32[B], the positions already written in each row's cache.
+          last: int32[B], which new position's logits to return.
+          ctx: per block ``(k, v)`` float[C, H, D/H]: the SHARED context (BOS and a prompt),
+            positions ``< ctx_len`` valid.
+          ctx_len: int32 scalar.
+          cache: per block ``(k, v)`` float[B, S, H, D/H], ``S >= start + W``.
+
+        Returns:
+          logits float32[B, V] at new position ``last[b]``, and the updated row cache.
+        """
+        w = tokens.shape[1]
+        pos = ctx_len + start[:, None] + jnp.arange(w)[None, :]
+        if self.pos is not None:
+            table = self.pos.embedding
+        else:
+            table = jnp.asarray(sinusoidal_table(self.max_len, self.ln_f.num_features))
+        # positions past the table exist only for padding tokens: clip, never NaN
+        x = self.embed(tokens) + jnp.take(table, pos, axis=0, mode="clip")
+        out = []
+        for block, (ck, cv), (rk, rv) in zip(self.blocks, ctx, cache):
+            x, rk, rv = block.decode(x, start, ck, cv, ctx_len, rk, rv)
+            out.append((rk, rv))
+        x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+        return self.head(self.ln_f(x)), tuple(out)
+
 
 @dataclass(frozen=True)
 class TransformerApply:
@@ -166,6 +225,49 @@ class TransformerApply:
 
     def __call__(self, state, tokens, key=None):
         return nnx.merge(self.graphdef, state)(tokens, key)
+
+
+@dataclass(frozen=True)
+class TransformerDecode:
+    """Hashable incremental forward of a :class:`TransformerModule` (see
+    :meth:`TransformerModule.decode` and :mod:`jaxrescore.models.decoding`): ``prepare`` maps the
+    stored weights to the network's (the int8 twin dequantises), ``cache=None`` starts fresh rows
+    of ``s_out`` positions, a given cache is padded to ``s_out`` positions."""
+
+    graphdef: nnx.GraphDef
+    prepare: Callable | None = None
+
+    def __hash__(self):
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.graphdef, self.prepare))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __call__(self, params, tokens, start, last, ctx, ctx_len, cache, s_out):
+        state = params if self.prepare is None else self.prepare(params)
+        module = nnx.merge(self.graphdef, state)
+        if cache is None:
+            b = tokens.shape[0]
+            cache = tuple(
+                (jnp.zeros((b, s_out) + ck.shape[1:], ck.dtype), jnp.zeros((b, s_out) + cv.shape[1:], cv.dtype))
+                for ck, cv in ctx
+            )
+        else:
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, s_out - x.shape[1]), (0, 0), (0, 0)))  # noqa: E731
+            cache = jax.tree.map(pad, cache)
+        return module.decode(tokens, start, last, ctx, ctx_len, cache)
+
+
+def transformer_decoder(config: TransformerConfig, graphdef, prepare: Callable | None = None):
+    """The :class:`~jaxrescore.models.decoding.Decoder` of a transformer network."""
+    h, dh = config.n_heads, config.d_model // config.n_heads
+
+    def empty_context():
+        z = jnp.zeros((1, h, dh), jnp.float32)
+        return tuple((z, z) for _ in range(config.n_layers))
+
+    return Decoder(TransformerDecode(graphdef, prepare), True, empty_context)
 
 
 @functools.lru_cache(maxsize=16)
@@ -239,6 +341,15 @@ class TransformerLM(JaxLM):
     @property
     def n_params(self) -> int:
         return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
+
+    def decoder(self) -> Decoder:
+        """The incremental forward (key/value caches) used by
+        :class:`~jaxrescore.models.decoding.DecodingSession`."""
+        held = self.__dict__.get("_decoder")
+        if held is None or held[0] is not self.apply.graphdef:
+            held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef))
+            self._decoder = held
+        return held[1]
 
     def module(self) -> TransformerModule:
         """A fresh nnx module holding the current weights (for inspection or other nnx code)."""

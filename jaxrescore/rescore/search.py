@@ -122,7 +122,12 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
     next token (batched over prefixes, one model call per step). With ``branch > 1`` the first
     step after each prefix forks into the model's ``branch`` likeliest tokens, each then completed
     greedily (a small best-first: more speculated paths per round). A terminating target's rows
-    end with ``eos`` (forced at ``max_len - 1``), a fixed-length target's at ``max_len`` tokens."""
+    end with ``eos`` (forced at ``max_len - 1``), a fixed-length target's at ``max_len`` tokens.
+    A model that decodes incrementally extends every row by one cached token position per step
+    (:mod:`jaxrescore.models.decoding`)."""
+    from jaxrescore.models.decoding import incremental
+
+    model = incremental(model)
     rows = [list(p) for p in prefixes]
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))

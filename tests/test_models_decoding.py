@@ -1,0 +1,198 @@
+"""Incremental decoding (key/value caches): cached rows equal full forwards to float32 noise, and
+level-by-level callers pay one token position per prefix whose parent's cache is held."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.index.seek import SeekIndex
+from jaxrescore.models import CallableModel, DecodingSession, decoding_session
+from jaxrescore.models.apply_fn import from_apply_fn
+from jaxrescore.models.int8 import quantize_int8
+from jaxrescore.models.ngram import NGramLM
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+from jaxrescore.rescore.frontier import Structure
+from jaxrescore.rescore.search import greedy_complete
+from model_checks import check_protocol
+
+ATOL = 1e-5
+
+
+def tiny(**kw):
+    cfg = dict(vocab_size=6, d_model=32, n_layers=2, n_heads=2, max_len=12, eos=0)
+    cfg.update(kw)
+    return TransformerLM(TransformerConfig(**cfg), seed=3)
+
+
+def levels(session, model, rng, n=24, depth=6):
+    """Expand ``n`` random paths level by level through ``session``; compare every level with
+    the model's own full forward."""
+    v = model.vocab_size
+    paths = rng.integers(1, v, size=(n, depth)).astype(np.int32)
+    for d in range(depth + 1):
+        lens = np.full(n, d, np.int32)
+        got = session.next_logprobs(paths[:, : max(d, 1)], lens)
+        want = model.next_logprobs(paths[:, : max(d, 1)], lens)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=ATOL)
+        assert (got <= 0).all()
+
+
+@pytest.mark.parametrize("positions,eos", [("learned", 0), ("sinusoidal", None)])
+def test_cached_rows_equal_full_forwards(positions, eos):
+    m = tiny(positions=positions, eos=eos)
+    session = decoding_session(m)
+    assert isinstance(session, DecodingSession)
+    levels(session, m, np.random.default_rng(0))
+    # level d > 1 extended every row from its parent: one position each
+    assert session.extended == 24 * 5
+    assert session.positions == 24 * 6
+
+
+def test_mixed_lengths_prefill_and_eviction():
+    m = tiny()
+    rng = np.random.default_rng(1)
+    pre = rng.integers(1, 6, size=(40, 9)).astype(np.int32)
+    lens = rng.integers(0, 10, size=40).astype(np.int32)
+    for max_bytes in (0, 1 << 14, None):  # nothing held, a few slabs held, the default
+        s = decoding_session(m, max_bytes=max_bytes)
+        np.testing.assert_allclose(s.next_logprobs(pre, lens), m.next_logprobs(pre, lens), atol=ATOL)
+        child = np.concatenate([pre, rng.integers(1, 6, size=(40, 1)).astype(np.int32)], axis=1)
+        clens = np.minimum(lens + 1, 10).astype(np.int32)
+        np.testing.assert_allclose(s.next_logprobs(child, clens), m.next_logprobs(child, clens), atol=ATOL)
+        assert s.nbytes <= s.max_bytes
+        if max_bytes == 0:
+            assert s.extended == 0
+        if max_bytes is None:
+            assert s.extended == int(np.count_nonzero((lens >= 1) & (lens < 10)))
+
+
+def test_new_weights_drop_the_caches():
+    m = tiny()
+    s = decoding_session(m)
+    pre = np.array([[1, 2, 3]], np.int32)
+    s.next_logprobs(pre, [2])
+    m.params = jax.tree.map(lambda x: x * 1.3, m.params)
+    np.testing.assert_allclose(s.next_logprobs(pre, [3]), m.next_logprobs(pre, [3]), atol=ATOL)
+    assert s.extended == 0
+
+
+def test_prompt_cache_is_computed_once_and_rows_match():
+    m = tiny(max_len=40)
+    prompt = tuple(int(t) for t in np.random.default_rng(2).integers(1, 6, size=20))
+    pm = m.with_prompt(prompt)
+    pre = np.array([[1, 2, 3], [4, 5, 1]], np.int32)
+    for n in range(4):
+        lens = np.full(2, n, np.int32)
+        full = np.concatenate([np.tile(prompt, (2, 1)), pre], axis=1).astype(np.int32)
+        np.testing.assert_allclose(pm.next_logprobs(pre, lens), m.next_logprobs(full, lens + 20), atol=ATOL)
+    ctx = pm._decode_context
+    pm.next_logprobs(pre, [1, 2])
+    assert pm._decode_context is ctx  # the prompt's cache is reused, not recomputed
+    s = decoding_session(pm)
+    levels(s, pm, np.random.default_rng(3), n=8, depth=4)
+    assert s.positions == 8 * 4  # continuation positions only: the prompt was paid once
+    check_protocol(pm.base, [(1, 2, 0), (3, 0), (4, 4, 5, 0), (0,)])
+
+
+def test_int8_twin_decodes_incrementally():
+    q = quantize_int8(tiny())
+    levels(decoding_session(q), q, np.random.default_rng(4), n=8, depth=4)
+
+
+def test_models_without_an_incremental_forward():
+    ng = NGramLM.fit([(1, 2, 0), (2, 0)], order=2, vocab_size=3, eos=0, max_len=4)
+    assert decoding_session(ng) is None
+    cm = CallableModel(lambda p: ([0, 1], [np.log(0.5)] * 2), vocab_size=2, max_len=3, eos=0)
+    assert decoding_session(cm) is None
+    with pytest.raises(TypeError, match="incremental"):
+        DecodingSession(ng)
+
+
+V, D = 4, 8
+
+
+def mean_apply(params, tokens):
+    """A causal LM as one function: running mean of embeddings, then a linear head."""
+    x = params["emb"][tokens]
+    t = tokens.shape[1]
+    h = jnp.cumsum(x, axis=1) / jnp.arange(1, t + 1, dtype=jnp.float32)[None, :, None]
+    return jnp.tanh(h) @ params["out"] + params["bias"]
+
+
+def mean_init_cache(batch, max_length):
+    return {"sum": jnp.zeros((batch, D))}
+
+
+def mean_step(params, cache, tokens, positions):
+    """The same model one token at a time: the cache is the running sum (not a per-position
+    store), so a step is any function of the cache."""
+    s = cache["sum"] + params["emb"][tokens[:, 0]]
+    h = s / (positions[:, None] + 1.0)
+    return (jnp.tanh(h) @ params["out"] + params["bias"])[:, None], {"sum": s}
+
+
+def mean_params():
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    return {"emb": jax.random.normal(k1, (V + 1, D)), "out": jax.random.normal(k2, (D, V)), "bias": jnp.zeros(V)}
+
+
+def test_apply_fn_with_a_cache_step():
+    m = from_apply_fn(mean_apply, mean_params(), vocab_size=V, bos_id=V, max_len=8, eos=0,
+                      init_cache=mean_init_cache, step=mean_step)
+    s = decoding_session(m)
+    levels(s, m, np.random.default_rng(5), n=10, depth=6)
+    assert s.extended == 10 * 5
+    rng = np.random.default_rng(6)
+    pre = rng.integers(1, V, size=(20, 6)).astype(np.int32)
+    lens = rng.integers(0, 7, size=20).astype(np.int32)
+    np.testing.assert_allclose(decoding_session(m).next_logprobs(pre, lens), m.next_logprobs(pre, lens), atol=ATOL)
+    check_protocol(m, [(1, 2, 0), (3, 0), (1, 3, 3, 2, 0)])
+    plain = from_apply_fn(mean_apply, mean_params(), vocab_size=V, bos_id=V, max_len=8, eos=0)
+    assert decoding_session(plain) is None
+
+
+def test_apply_fn_cache_pair_is_checked():
+    kw = dict(vocab_size=V, bos_id=V, max_len=8, eos=0)
+    with pytest.raises(ValueError, match="pair"):
+        from_apply_fn(mean_apply, mean_params(), init_cache=mean_init_cache, **kw)
+    with pytest.raises(ValueError, match="leading axis"):
+        from_apply_fn(mean_apply, mean_params(), init_cache=lambda b, n: {"sum": jnp.zeros(D)}, step=mean_step, **kw)
+    bad_step = lambda p, c, t, pos: (mean_step(p, c, t, pos)[0][:, 0], c)  # noqa: E731
+    with pytest.raises(ValueError, match="logits of shape"):
+        from_apply_fn(mean_apply, mean_params(), init_cache=mean_init_cache, step=bad_step, **kw)
+
+
+def rows_only(model):
+    """The model's next_logprobs without its incremental forward."""
+    return CallableModel(model.next_logprobs, vocab_size=model.vocab_size, max_len=model.max_len,
+                         eos=model.eos, batched=True)
+
+
+def test_seek_index_build_costs_one_position_per_prefix():
+    m = tiny(max_len=8, d_model=16)
+    cached = SeekIndex(m, initial_bits=10, max_depth_bits=10, progress=False)
+    plain = SeekIndex(m, initial_bits=10, max_depth_bits=10, progress=False, decode_cache_bytes=0)
+    assert len(cached) == len(plain) > 50 and cached.forwards == plain.forwards
+    # every row but the root's extended a held parent: one position each
+    assert cached.positions == cached.forwards - 1 < plain.positions
+    a, b = cached.slice(0, len(cached)), plain.slice(0, len(plain))
+    assert {s for s, _ in a} == {s for s, _ in b}
+    np.testing.assert_allclose(sorted(lp for _, lp in a), sorted(lp for _, lp in b), atol=1e-4)
+    # deepening reuses the caches held from the first pass
+    cached.ensure_bits(12)
+    assert cached.positions == cached.forwards - 1
+
+
+def test_best_first_and_greedy_completion_over_cached_rows():
+    m = tiny(max_len=7, vocab_size=5)
+    got = best_first_top_k(m, 5)
+    want = best_first_top_k(rows_only(m), 5)
+    assert [s for s, _ in got.items] == [s for s, _ in want.items]
+    np.testing.assert_allclose([lp for _, lp in got.items], [lp for _, lp in want.items], atol=1e-4)
+    assert got.forwards == want.forwards
+    structure = Structure(vocab_size=m.vocab_size, eos=m.eos, max_len=m.max_len)
+    prefixes = [(1,), (2, 3), (4, 4, 1), ()]
+    assert greedy_complete(m, prefixes, structure, branch=2) == greedy_complete(rows_only(m), prefixes, structure, branch=2)
