@@ -1,4 +1,5 @@
-"""Data parallelism: forwards sharded over a 4-device CPU mesh match the single-device result.
+"""Meshes: forwards, decoding, index builds and training over 4 CPU devices match one device, for a
+hand-built Mesh and ``jax.make_mesh`` (explicit axis types), with replicated or split weights.
 
 Runs in a subprocess because the host device count is fixed when JAX starts.
 """
@@ -13,42 +14,94 @@ import jax
 SCRIPT = textwrap.dedent(
     """
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh
 
+    from jaxrescore.index.seek import SeekIndex
+    from jaxrescore.models import CallableModel, decoding_session, distill, train_lm
     from jaxrescore.models.apply_fn import from_apply_fn
     from jaxrescore.models.int8 import quantize_int8
     from jaxrescore.models.ngram import NGramLM
     from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
     assert len(jax.devices()) == 4, jax.devices()
-    mesh = Mesh(np.array(jax.devices()), ("data",))
+    meshes = {
+        "hand-built": Mesh(np.array(jax.devices()), ("data",)),
+        "make_mesh": jax.make_mesh((4,), ("data",)),
+        "make_mesh 2x2": jax.make_mesh((2, 2), ("data", "model")),
+    }
+    assert "Explicit" in str(meshes["make_mesh"].axis_types)
     rng = np.random.default_rng(0)
     seqs = [tuple(int(t) for t in rng.integers(1, 5, size=rng.integers(0, 7))) + (0,)
             for _ in range(70)]
     cfg = TransformerConfig(vocab_size=5, d_model=32, n_layers=1, n_heads=2, max_len=8, eos=0)
     tf = TransformerLM(cfg, seed=0)
-    models = {
-        "transformer": (tf, TransformerLM(cfg, seed=0, mesh=mesh)),
-        "int8": (quantize_int8(tf), quantize_int8(tf).with_mesh(mesh)),
-        "ngram": (NGramLM.fit(seqs, order=3, vocab_size=5, eos=0, max_len=8),
-                  NGramLM.fit(seqs, order=3, vocab_size=5, eos=0, max_len=8, mesh=mesh)),
-        "apply_fn": (from_apply_fn(tf.apply, tf.params, vocab_size=5, bos_id=5, max_len=8, eos=0),
-                     from_apply_fn(tf.apply, tf.params, vocab_size=5, bos_id=5, max_len=8, eos=0,
-                                   mesh=mesh)),
+    ng = NGramLM.fit(seqs, order=3, vocab_size=5, eos=0, max_len=8)
+    fn = jax.jit(lambda p, n: tf.next_logprobs(np.asarray(p), np.asarray(n)))
+    singles = {
+        "transformer": tf,
+        "int8": quantize_int8(tf),
+        "ngram": ng,
+        "apply_fn": from_apply_fn(tf.apply, tf.params, vocab_size=5, bos_id=5, max_len=8, eos=0),
+        "prompted": tf.with_prompt([1, 2]),
+        "callable": CallableModel(lambda p, n: tf.next_logprobs(np.asarray(p), np.asarray(n)),
+                                  vocab_size=5, max_len=8, eos=0, batched=True),
     }
     prefixes = np.array([list(s[:3]) + [0] * (3 - len(s[:3])) for s in seqs], np.int32)
     lengths = np.array([min(len(s) - 1, 3) for s in seqs], np.int32)
-    for name, (single, sharded) in models.items():
-        sharded.chunk_rows = 32  # several chunks, each split over the 4 devices
-        np.testing.assert_allclose(sharded.score_sequences(seqs), single.score_sequences(seqs),
-                                   atol=1e-5, err_msg=name)
-        np.testing.assert_allclose(sharded.next_logprobs(prefixes, lengths),
-                                   single.next_logprobs(prefixes, lengths), atol=1e-5,
-                                   err_msg=name)
-    # the sharded forward really runs on all four devices
-    params = models["transformer"][1]._device_params()
-    assert len(jax.tree.leaves(params)[0].sharding.device_set) == 4
+    short = [s[:5] for s in seqs if len(s) <= 6]
+    # every model on each kind of mesh with replicated weights; the JAX models with split weights
+    plan = [("hand-built", False, list(singles)), ("make_mesh", False, list(singles)),
+            ("make_mesh 2x2", True, ["transformer", "int8", "ngram", "prompted"])]
+    for mname, shard, names in plan:
+        mesh = meshes[mname]
+        if True:
+            for name in names:
+                single = singles[name]
+                sharded = single.with_mesh(mesh, shard_params=shard)
+                assert sharded.mesh is mesh
+                sharded.chunk_rows = 32  # several chunks, each split over the 4 devices
+                what = f"{name} on {mname}, shard_params={shard}"
+                np.testing.assert_allclose(sharded.next_logprobs(prefixes, lengths),
+                                           single.next_logprobs(prefixes, lengths), atol=1e-5,
+                                           err_msg=what)
+                if name == "callable":
+                    continue
+                data = short if name == "prompted" else seqs
+                np.testing.assert_allclose(sharded.score_sequences(data), single.score_sequences(data),
+                                           atol=1e-5, err_msg=what)
+                session = decoding_session(sharded)
+                if session is not None and name in ("transformer", "prompted"):
+                    for d in range(4):
+                        np.testing.assert_allclose(
+                            session.next_logprobs(prefixes, np.minimum(lengths, d)),
+                            single.next_logprobs(prefixes, np.minimum(lengths, d)), atol=1e-5,
+                            err_msg=what + " (decoding)")
+        # the forward really runs on all four devices; split weights are split
+        for split_them in (False, True):
+            placed = jax.tree.leaves(tf.with_mesh(mesh, shard_params=split_them)._device_params())
+            assert all(len(x.sharding.device_set) == 4 for x in placed)
+            split = [x for x in placed if not x.sharding.is_fully_replicated]
+            assert bool(split) == split_them, (mname, split_them)
+    # an index over a split model, built under the user's own explicit mesh context
+    mesh = meshes["make_mesh"]
+    with jax.set_mesh(mesh):
+        a = SeekIndex(tf.with_mesh(mesh, shard_params=True), initial_bits=8, progress=False)
+    b = SeekIndex(tf, initial_bits=8, progress=False)
+    assert [s for s, _ in a.slice(0, len(a))] == [s for s, _ in b.slice(0, len(b))]
+    # training on a mesh (split weights) follows the single-device run
+    data = [s for s in seqs]
+    one = TransformerLM(cfg, seed=0)
+    many = TransformerLM(cfg, seed=0).with_mesh(meshes["make_mesh 2x2"], shard_params=True)
+    l1 = train_lm(one, data, steps=8, batch_size=18, progress=False)
+    l4 = train_lm(many, data, steps=8, batch_size=18, progress=False)
+    np.testing.assert_allclose(l4, l1, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(many.score_sequences(data), one.score_sequences(data), atol=1e-4)
+    assert not all(x.sharding.is_fully_replicated for x in jax.tree.leaves(many.params))
+    k1 = distill(one, ng, data, steps=4, batch_size=16, progress=False)
+    k4 = distill(many, ng, data, steps=4, batch_size=16, progress=False)
+    np.testing.assert_allclose(k4, k1, rtol=1e-4, atol=1e-5)
     print("MESH OK")
     """
 )

@@ -23,6 +23,7 @@ import numbers
 from typing import Callable
 
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrescore.models.frontier import (
     FLOAT32_TOLERANCE,
@@ -67,6 +68,7 @@ class CallableModel(PromptableMixin):
     """
 
     vocabulary: tuple[str, ...] | None = None  # token strings, when the user sets them
+    mesh = None  # set by with_mesh: a batched fn then gets its rows split over the mesh
 
     def __init__(
         self,
@@ -92,6 +94,22 @@ class CallableModel(PromptableMixin):
         self.batched = bool(batched)
         self.vocab_inferred = vocab is None
         self._vocab = vocab if vocab is not None else (0 if self.eos is None else self.eos + 1)
+
+    def with_mesh(self, mesh: Mesh | None, *, shard_params: bool = False) -> "CallableModel":
+        """A copy whose batched ``fn`` receives its ``prefixes``/``lengths`` as JAX arrays with the
+        batch axis split over ``mesh`` (rows padded to a multiple of its devices), called inside
+        ``jax.set_mesh`` of the mesh's ``Auto`` version; so a jitted JAX ``fn`` runs data-parallel.
+        A per-prefix ``fn`` runs on the host as before. ``shard_params`` is accepted for a uniform
+        interface; a function has no weights the library could split. ``None``: no mesh."""
+        import copy
+
+        from jaxrescore.models.jax_lm import check_mesh
+
+        if not isinstance(shard_params, (bool, np.bool_)):
+            raise ValueError(f"shard_params must be True or False, got {shard_params!r}")
+        other = copy.copy(self)
+        other.mesh = check_mesh(mesh)
+        return other
 
     @property
     def vocab_size(self) -> int:
@@ -124,7 +142,7 @@ class CallableModel(PromptableMixin):
         return np.minimum(rows, np.float32(0.0))
 
     def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        rows = np.asarray(self.fn(prefixes, lengths))
+        rows = np.asarray(self._call_batched(prefixes, lengths))
         want = (prefixes.shape[0], self._vocab)
         if rows.shape != want:
             raise ValueError(f"batched fn returned shape {rows.shape}, expected [B, V] = {want}")
@@ -133,6 +151,27 @@ class CallableModel(PromptableMixin):
         rows = rows.astype(np.float32, copy=False)
         _check_rows(rows, lambda b: tuple(prefixes[b, : lengths[b]].tolist()))
         return rows
+
+    def _call_batched(self, prefixes: np.ndarray, lengths: np.ndarray):
+        if self.mesh is None:
+            return self.fn(prefixes, lengths)
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from jaxrescore.models.jax_lm import auto_mesh, mesh_context
+
+        mesh = auto_mesh(self.mesh)
+        b = prefixes.shape[0]
+        d = mesh.devices.size
+        rows = -(-max(b, 1) // d) * d
+        p = np.zeros((rows,) + prefixes.shape[1:], np.int32)
+        p[:b] = prefixes
+        n = np.zeros(rows, np.int32)
+        n[:b] = lengths
+        split = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+        with mesh_context(self.mesh):
+            out = self.fn(jax.device_put(p, split), jax.device_put(n, split))
+        return np.asarray(out)[:b]
 
     def _per_prefix_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         keys = [tuple(prefixes[b, : lengths[b]].tolist()) for b in range(prefixes.shape[0])]

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.jax_lm import _log_softmax, check_prefixes
+from jaxrescore.models.jax_lm import _log_softmax, check_prefixes, mesh_context
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree
 
@@ -144,6 +144,11 @@ def decoding_context(model) -> Context:
     """The context of ``model`` (BOS plus a prompted model's prompt): computed once per weights
     object and kept on the (prompted) model. Counted in nothing: it is paid once."""
     base, prompt = _split_prompt(model)
+    with mesh_context(base.mesh):
+        return _context(model, base, prompt)
+
+
+def _context(model, base, prompt) -> Context:
     params = base._device_params()
     held = getattr(model, "_decode_context", None)
     if held is not None and held[0] is params:
@@ -225,6 +230,10 @@ class DecodingSession:
           lengths: int32[B], each in ``[0, max_len - 1]``.
         """
         batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
+        with mesh_context(self._base.mesh):
+            return self._rows(batch)
+
+    def _rows(self, batch) -> np.ndarray:
         toks, lens = batch
         n = batch.size
         out = np.empty((n, self.vocab_size), np.float32)

@@ -21,12 +21,19 @@ shapes.
 Right padding plus the causal mask is the padding mask: a real position only attends to earlier
 positions, all real, so padding can never change a real position's output.
 
-Data parallelism: with ``mesh`` (a ``jax.sharding.Mesh``) the batch axis of every forward is
-sharded over all mesh axes and ``params`` are replicated.
+Meshes: with ``mesh`` (a ``jax.sharding.Mesh``, hand-built or from ``jax.make_mesh``, whatever
+its axis types) the batch axis of every forward is sharded over all mesh axes and ``params`` are
+replicated, or, with ``shard_params=True`` (see :meth:`DeviceBatched.with_mesh`), each weight is
+split over all devices along its largest evenly divisible axis (a model larger than one device's
+memory; XLA gathers what each layer needs). Forwards run on the mesh's devices with every axis
+``Auto`` (the library's jitted functions place their own arrays; an ``Explicit`` mesh's typed
+sharding is the user's, outside them), so ``jax.make_mesh``'s explicit axes and a hand-built mesh
+give the same results as one device, to float noise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from functools import partial
 from typing import Callable, Self
@@ -34,7 +41,7 @@ from typing import Callable, Self
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxrescore.models.base import check_int, check_support
 from jaxrescore.models.frontier import FULL_ROWS_MAX_VOCAB, FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
@@ -94,6 +101,48 @@ def check_mesh(mesh) -> Mesh | None:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
     return mesh
+
+
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """``mesh`` with every axis ``Auto`` (same devices and axis names): what the library's jitted
+    functions run on. A ``jax.make_mesh`` mesh has ``Explicit`` axes, under which indexing a
+    replicated table by a sharded batch needs an explicit output sharding (ShardingTypeError)."""
+    types = getattr(mesh, "axis_types", None)
+    if types is None or all(t == AxisType.Auto for t in types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def mesh_context(mesh: Mesh | None):
+    """The context the library's device calls run in: ``jax.set_mesh`` of the ``Auto`` version of
+    ``mesh`` (so a user's own ``jax.set_mesh`` of an explicit mesh around the call does not leak
+    into them), or nothing without a mesh."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(auto_mesh(mesh))
+
+
+def param_spec(shape: tuple, devices: int, axes: tuple) -> PartitionSpec:
+    """How one weight of ``shape`` is split over ``devices`` devices: along its largest axis whose
+    size ``devices`` divides (over all mesh ``axes``), replicated when none does."""
+    best = None
+    for i, n in enumerate(shape):
+        if n % devices == 0 and n >= devices and (best is None or n > shape[best]):
+            best = i
+    if best is None:
+        return PartitionSpec()
+    return PartitionSpec(*([None] * best + [axes]))
+
+
+def place_params(params, mesh: Mesh, shard: bool):
+    """``params`` on ``mesh``'s devices: replicated, or split leaf by leaf (:func:`param_spec`)."""
+    mesh = auto_mesh(mesh)
+    if not shard:
+        return jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    n = mesh.devices.size
+
+    def put(x):
+        return jax.device_put(x, NamedSharding(mesh, param_spec(tuple(np.shape(x)), n, tuple(mesh.axis_names))))
+
+    return jax.tree.map(put, params)
 
 
 def check_tokens(batch: SequenceBatch, vocab_size: int, max_len: int | None, what: str = "seqs") -> None:
@@ -210,21 +259,38 @@ class DeviceBatched(PromptableMixin):
         batch, steps, top_lps, top_ids, eos_lps = self.frontier_stats(seqs, top_m)
         return assemble(batch, skip, steps, top_lps, top_ids, None if self.eos is None else eos_lps)
 
-    def with_mesh(self, mesh: Mesh | None) -> Self:
+    # Whether the weights are split over the mesh's devices (see with_mesh) or replicated.
+    shard_params = False
+
+    def with_mesh(self, mesh: Mesh | None, *, shard_params: bool = False) -> Self:
         """A copy sharing the weights whose forwards shard the batch axis over ``mesh``
-        (``None``: single device)."""
+        (``None``: single device).
+
+        Args:
+          mesh: a ``jax.sharding.Mesh`` (hand-built, or ``jax.make_mesh``'s with explicit axis
+            types) or None.
+          shard_params: split every weight over all of the mesh's devices along its largest
+            evenly divisible axis (a model larger than one device) instead of replicating it.
+        """
+        if not isinstance(shard_params, (bool, np.bool_)):
+            raise ValueError(f"shard_params must be True or False, got {shard_params!r}")
         other = copy.copy(self)
         other.mesh = check_mesh(mesh)
+        other.shard_params = bool(shard_params) and mesh is not None
         other._placed = None
+        other.__dict__.pop("_decode_context", None)
         return other
 
     def _device_params(self):
         if self.mesh is None:
             return self.params
         cached = getattr(self, "_placed", None)
-        if cached is None or cached[0] is not self.params or cached[1] is not self.mesh:
-            rep = NamedSharding(self.mesh, PartitionSpec())
-            cached = (self.params, self.mesh, jax.device_put(self.params, rep))
+        if (
+            cached is None or cached[0] is not self.params or cached[1] is not self.mesh
+            or cached[3] != self.shard_params
+        ):
+            cached = (self.params, self.mesh, place_params(self.params, self.mesh, self.shard_params),
+                      self.shard_params)
             self._placed = cached
         return cached[2]
 
@@ -246,15 +312,20 @@ class DeviceBatched(PromptableMixin):
         return rows
 
     def _put(self, x: np.ndarray):
+        """``x`` with its leading (batch) axis split over all mesh axes (unchanged without one)."""
         if self.mesh is None:
             return x
-        spec = PartitionSpec(self.mesh.axis_names)
-        return jax.device_put(x, NamedSharding(self.mesh, spec))
+        mesh = auto_mesh(self.mesh)
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec(mesh.axis_names)))
 
     def _chunked(self, fn, *arrays: np.ndarray):
         """``fn(params, *row_chunks)`` over row chunks padded to bucketed row counts; the
         results' first ``n`` rows concatenated on the host (per output when ``fn`` returns a
         tuple of arrays)."""
+        with mesh_context(self.mesh):
+            return self._chunked_on_mesh(fn, *arrays)
+
+    def _chunked_on_mesh(self, fn, *arrays: np.ndarray):
         n = arrays[0].shape[0]
         params = self._device_params()
         step = self._chunk(arrays[0].shape[1] if arrays[0].ndim > 1 else 1)

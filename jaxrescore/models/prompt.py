@@ -14,6 +14,7 @@ full forward of ``prompt + c``.
 from __future__ import annotations
 
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.frontier import FrontierScores
@@ -112,6 +113,19 @@ class PromptedModel(PromptableMixin):
             raise ValueError(f"prefixes must be int32[B, T], got shape {prefixes.shape}")
         toks, lens = prepend(self.prompt, prefixes, np.asarray(lengths, np.int32).reshape(-1))
         return self.base.next_logprobs(toks, lens)
+
+    @property
+    def mesh(self) -> Mesh | None:
+        """The base model's mesh (None when it has none)."""
+        return getattr(self.base, "mesh", None)
+
+    def with_mesh(self, mesh: Mesh | None, *, shard_params: bool = False) -> PromptedModel:
+        """The same prompt over ``base.with_mesh(mesh, shard_params=...)`` (see
+        :meth:`jaxrescore.models.JaxLM.with_mesh`); the prompt's cache is recomputed on the mesh."""
+        with_mesh = getattr(self.base, "with_mesh", None)
+        if with_mesh is None:
+            raise TypeError(f"{type(self.base).__name__} has no with_mesh")
+        return PromptedModel(with_mesh(mesh, shard_params=shard_params), self.prompt)
 
     @property
     def vocabulary(self):

@@ -4,7 +4,9 @@
 Both work on any :class:`~jaxrescore.models.jax_lm.JaxLM` (a TransformerLM, or a model wrapped by
 ``from_apply_fn``): the step is a ``jax.jit`` of a function of ``(params, opt_state, batch)``
 closing only over the model's pure ``apply`` and the optimizer, never over weights (cached per
-``apply``, loss and hyperparameters). Batches have
+``apply``, loss and hyperparameters). With a mesh (``model.with_mesh(mesh, shard_params=...)``)
+the weights and the optimizer state stay replicated or split as the model keeps them and every
+batch is split over the mesh's devices (rows padded with mask 0 to a multiple of them). Batches have
 one fixed shape (the corpus' longest sequence, bucketed), so a run compiles once. At the end the
 model's ``params`` are replaced, so every later score uses the new weights.
 
@@ -26,7 +28,7 @@ from tqdm.auto import tqdm
 
 from jaxrescore.models.base import AutoregressiveEnumerable, check_int, check_weights
 from jaxrescore.models.checked import checked_model
-from jaxrescore.models.jax_lm import JaxLM, check_eos_terminated, check_tokens
+from jaxrescore.models.jax_lm import JaxLM, check_eos_terminated, check_tokens, mesh_context
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
 
@@ -123,16 +125,39 @@ def _train_step(loss, apply, dropout: bool, lr, weight_decay: float):
 
 
 def _run(model, loss, batches, steps, lr, weight_decay, seed, progress, desc):
-    """Optimise ``model.params`` on ``loss`` over ``batches(i)``; returns float32[steps] losses."""
+    """Optimise ``model.params`` on ``loss`` over ``batches(i)``; returns float32[steps] losses.
+    With a mesh the weights stay where the model keeps them (replicated or split, see
+    ``JaxLM.with_mesh``) and every batch is split over the mesh's devices."""
+    with mesh_context(model.mesh):
+        return _run_on_mesh(model, loss, batches, steps, lr, weight_decay, seed, progress, desc)
+
+
+def _placed_batch(model, arrays):
+    """The batch arrays split over the model's mesh, rows padded (mask 0) to a multiple of its
+    devices; unchanged without a mesh."""
+    if model.mesh is None:
+        return arrays
+    d = model.mesh.devices.size
+    n = arrays[0].shape[0]
+    rows = -(-n // d) * d
+    out = []
+    for a in arrays:
+        if rows != n:
+            a = np.concatenate([a, np.zeros((rows - n,) + a.shape[1:], a.dtype)])
+        out.append(model._put(a))
+    return tuple(out)
+
+
+def _run_on_mesh(model, loss, batches, steps, lr, weight_decay, seed, progress, desc):
     opt, step = _train_step(loss, model.apply, bool(model.uses_dropout), lr, weight_decay)
-    params = model.params
+    params = model._device_params()
     opt_state = opt.init(params)
     key = jax.random.PRNGKey(seed)
     losses = []
     bar = tqdm(range(steps), desc=desc, disable=not progress)
     for i in bar:
         key, sub = jax.random.split(key)
-        params, opt_state, value = step(params, opt_state, sub, *batches(i))
+        params, opt_state, value = step(params, opt_state, sub, *_placed_batch(model, batches(i)))
         losses.append(value)
         if progress and (i % 25 == 0 or i == steps - 1):
             bar.set_postfix(loss=f"{float(value):.4f}")
