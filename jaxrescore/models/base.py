@@ -63,6 +63,21 @@ def check_int(value, name: str, *, minimum: int = 0, maximum: int | None = None,
     return int(value)
 
 
+def is_float_dtype(dtype) -> bool:
+    """Whether ``dtype`` is a floating dtype: numpy's, or one of JAX's ``ml_dtypes`` (bfloat16,
+    float8 variants), which numpy files under kind ``'V'``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return True
+    try:
+        import ml_dtypes
+
+        ml_dtypes.finfo(dtype)
+    except (ImportError, ValueError, TypeError):
+        return False
+    return True
+
+
 def check_support(vocab_size, eos, max_len, what: str = "model") -> tuple[int, int | None, int]:
     """The protocol attributes ``(vocab_size, eos, max_len)`` checked: ``vocab_size`` and
     ``max_len`` integers >= 1, ``eos`` None or an integer in ``[0, vocab_size)``; a ValueError

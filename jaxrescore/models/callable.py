@@ -14,7 +14,9 @@ Every table is checked before use: a NaN, a log-prob above ``SIGN_TOL`` (float n
 tolerated and clipped to 0 in every row this model returns), a duplicate or out-of-range token, a wrong shape, or a table whose
 ``logsumexp`` is more than ``NORM_TOL`` from 0 (not a distribution) raises ``ValueError`` naming the
 prefix and what is wrong. The batched check is a few vectorised passes over the ``[B, V]`` block,
-cheap next to any forward that produced it.
+cheap next to any forward that produced it. Rows may be any float dtype, bfloat16 included (a JAX
+function's 16-bit output); they are returned as float32, and once a 16-bit table has been seen the
+model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.frontier`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Callable
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxrescore.models.base import is_float_dtype
 from jaxrescore.models.frontier import (
+    BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
     TABLE_TOLERANCE,
     FrontierScores,
@@ -146,8 +150,9 @@ class CallableModel(PromptableMixin):
         want = (prefixes.shape[0], self._vocab)
         if rows.shape != want:
             raise ValueError(f"batched fn returned shape {rows.shape}, expected [B, V] = {want}")
-        if not np.issubdtype(rows.dtype, np.floating):
+        if not is_float_dtype(rows.dtype):
             raise ValueError(f"batched fn returned dtype {rows.dtype}, expected floating log-probs")
+        self._note_precision(rows.dtype)
         rows = rows.astype(np.float32, copy=False)
         _check_rows(rows, lambda b: tuple(prefixes[b, : lengths[b]].tolist()))
         return rows
@@ -216,6 +221,9 @@ class CallableModel(PromptableMixin):
         if np.unique(toks).size != toks.size:
             uniq, counts = np.unique(toks, return_counts=True)
             raise ValueError(f"fn{prefix!r} returned duplicate tokens {uniq[counts > 1][:5].tolist()}")
+        if not is_float_dtype(lps.dtype) and lps.size:
+            raise ValueError(f"fn{prefix!r} returned log-probs of dtype {lps.dtype}, expected floats")
+        self._note_precision(lps.dtype)
         lps = lps.astype(np.float32)
         row = np.full((1, toks.size), -np.inf, np.float32)
         row[0] = lps
@@ -281,10 +289,21 @@ class CallableModel(PromptableMixin):
         scores = np.where(self.in_support(*batch), out.scores, -np.inf)
         return out._replace(scores=scores)
 
+    # Set once a table arrives in a 16-bit float (bfloat16 rows from a JAX function).
+    low_precision = False
+
+    def _note_precision(self, dtype) -> None:
+        if np.dtype(dtype).itemsize < 4:
+            self.low_precision = True
+
     @property
     def score_tolerance(self) -> float:
         """Nats a score may move between calls: a per-prefix function returns the same table for
-        a prefix every time; a batched one may depend on the batch (like any JAX forward)."""
+        a prefix every time; a batched one may depend on the batch (like any JAX forward); once
+        a 16-bit float table (e.g. bfloat16 rows) has been seen, 0.1 (see
+        :mod:`jaxrescore.models.frontier`)."""
+        if self.low_precision:
+            return BFLOAT16_TOLERANCE
         return FLOAT32_TOLERANCE if self.batched else TABLE_TOLERANCE
 
     def _step_rows(self, batch, which: np.ndarray):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrescore.models.base import check_support
+from jaxrescore.models.base import check_support, is_float_dtype
 from jaxrescore.models.callable import SIGN_TOL, _check_rows
 from jaxrescore.sequences import checked_batch
 
@@ -72,7 +72,7 @@ def check_rows(rows, prefixes: np.ndarray, lengths: np.ndarray, vocab_size: int,
             f"{what}.next_logprobs returned shape {arr.shape} for {want[0]} prefixes; expected "
             f"[B, vocab_size] = {want} (one log-prob per token id)"
         )
-    if arr.dtype.kind != "f":
+    if not is_float_dtype(arr.dtype):  # bfloat16 rows are float rows too
         raise ValueError(f"{what}.next_logprobs returned dtype {arr.dtype}; expected float log-probs")
     arr = arr.astype(np.float32, copy=False)
     try:
@@ -96,7 +96,7 @@ def check_scores(scores, n: int, what: str = "model") -> np.ndarray:
     """A duck model's ``score_sequences`` answer for ``n`` sequences as float64[n], clipped to <= 0
     (float noise up to ``SIGN_TOL``); ValueError for anything else."""
     arr = np.asarray(scores)
-    if arr.dtype.kind != "f":
+    if not is_float_dtype(arr.dtype):
         raise ValueError(f"{what}.score_sequences returned dtype {arr.dtype}; expected float log-probs")
     if arr.shape != (n,):
         raise ValueError(f"{what}.score_sequences returned shape {arr.shape} for {n} sequences; expected ({n},)")

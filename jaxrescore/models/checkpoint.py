@@ -9,7 +9,8 @@ Format (version 2), a plain numpy ``.npz`` archive (readable with ``np.load`` al
   ``vocabulary`` is the model's token strings (see :func:`~jaxrescore.models.base.check_vocabulary`)
   when it carries them; ``checksum`` is a SHA-256 over the rest of the header and every array
   (name, dtype, shape and bytes);
-- one array per weight, named by its path in the weights tree joined with ``/``
+- one array per weight, named by its path in the weights tree joined with ``/`` (bfloat16 weights,
+  ``param_dtype="bfloat16"``, as their uint16 bit patterns)
   (e.g. ``blocks/0/qkv/kernel``; an int8 twin stores ``.../kernel/q`` int8 and
   ``.../kernel/scale`` float32); an NGramLM stores ``table`` (float32[R, V]) and ``keys/<k>``
   (int64 context keys of each order ``k``).
@@ -70,7 +71,13 @@ def _named_leaves(params) -> dict[str, np.ndarray]:
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
-    return {_leaf_name(p): np.asarray(x) for p, x in flat}
+    return {_leaf_name(p): _storable(np.asarray(x)) for p, x in flat}
+
+
+def _storable(a: np.ndarray) -> np.ndarray:
+    """``a`` as numpy's .npz keeps it: bfloat16 (which numpy stores as opaque 2-byte records) as
+    its uint16 bit pattern; the config's ``param_dtype`` says how to read it back."""
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
 
 
 def _checksum(meta: dict, arrays: dict) -> str:
@@ -221,6 +228,8 @@ def _restore_params(path: str, template, stored: dict):
     leaves = []
     for name, (_, want) in zip(names, flat):
         got = stored[name]
+        if want.dtype.name == "bfloat16" and got.dtype == np.uint16:
+            got = got.view(want.dtype)
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ModelFileError(
                 f"{path!r}: weight {name!r} has shape {got.shape} dtype {got.dtype}, the config "

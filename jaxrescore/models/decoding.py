@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.jax_lm import _log_softmax, check_prefixes, mesh_context
+from jaxrescore.models.jax_lm import _log_softmax, check_nan, check_prefixes, mesh_context
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree
 
@@ -278,6 +278,7 @@ class DecodingSession:
         for idx, rows in pending:
             out[idx] = np.asarray(rows)[: idx.size]
         self._evict()
+        check_nan(self.model, out, None, "next_logprobs (incremental)")
         return out
 
     # -- calls ------------------------------------------------------------------------------------

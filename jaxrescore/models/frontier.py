@@ -15,7 +15,13 @@ Conventions shared by every model (one convention for every path):
   two forwards (batch composition, padding, the prefix path against teacher forcing). Certificates
   and proofs only pass with that much to spare. Measured on CPU for a float32 TransformerLM: 1.4e-4
   nats with batch composition, 1.75e-4 between the index path and teacher forcing; bf16 paths
-  differ by ~0.05 nats.
+  differ by ~0.05 nats. A TransformerLM with ``dtype="bfloat16"`` (d_model 128, 2 layers, logits
+  doubled, 300 sequences of up to 14 tokens; attention kept in float32): 0.054 nats a sequence
+  with batch composition, 0.056 between the index path and teacher forcing, 0.061 a step between
+  a full-forward row and teacher forcing and 0.088 a step for a cached (incremental) row; its
+  float32 twin: 1e-6 and 1.1e-5. Hence 0.1 for every 16-bit compute dtype, and a 16-bit
+  prompted model's own ``next_logprobs`` (where a proof's fetched rows come from) is a full
+  forward, not the cached path.
 """
 
 from __future__ import annotations

@@ -97,6 +97,26 @@ def _all_logprobs(apply, params, inputs):
     return _log_softmax(apply(params, inputs))
 
 
+def check_nan(model, values: np.ndarray, lengths: np.ndarray | None, what: str) -> None:
+    """ValueError when ``values`` (float[N, W, ...] per position, or float[N, ...] per row when
+    ``lengths`` is None) hold a NaN at a real position: NaN or +inf logits (a log_softmax of them
+    is NaN). Normalisation needs no check: every row is ``log_softmax`` of the model's logits, a
+    distribution by construction (logits scaled by 0.5 are a different distribution, a
+    temperature, not an error). A host pass over arrays that reached the host anyway."""
+    bad = np.isnan(values)
+    if bad.ndim > (1 if lengths is None else 2):
+        bad = bad.reshape(bad.shape[: 1 if lengths is None else 2] + (-1,)).any(axis=-1)
+    if lengths is not None:
+        bad &= np.arange(bad.shape[1])[None, :] < np.asarray(lengths)[:, None]
+    if bad.any():
+        where = np.argwhere(bad)[0]
+        at = f"row {int(where[0])}" if lengths is None else f"sequence {int(where[0])}, position {int(where[1])}"
+        raise ValueError(
+            f"{type(model).__name__}.{what} produced NaN log-probs at {at} ({int(bad.sum())} in all): "
+            "its logits hold NaN or +inf"
+        )
+
+
 def check_mesh(mesh) -> Mesh | None:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
@@ -405,7 +425,9 @@ class JaxLM(DeviceBatched):
         if batch.size == 0:
             return batch, np.zeros((0, width), np.float32)
         inputs, targets = self.teacher_inputs(batch, width)
-        return batch, self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
+        lps = self._chunked(partial(_step_logprobs, self.apply), inputs, targets)
+        check_nan(self, lps, batch.lengths, "score_sequences")
+        return batch, lps
 
     def frontier_stats(
         self, seqs: Sequences, top_m: int
@@ -425,10 +447,14 @@ class JaxLM(DeviceBatched):
             # V=28, while the rows themselves are small. A whole row needs no order.
             fn = lambda params, i, t: _frontier_rows(apply, params, i, t, eos)  # noqa: E731
             steps, rows, eos_lps = self._chunked(fn, inputs, targets)
+            check_nan(self, rows, batch.lengths, "score_frontier")
             ids = np.broadcast_to(np.arange(self.vocab_size, dtype=np.int32), rows.shape)
             return batch, steps, rows, ids, eos_lps
         fn = lambda params, i, t: _frontier_stats(apply, params, i, t, top_m, eos)  # noqa: E731
-        return (batch,) + self._chunked(fn, inputs, targets)
+        steps, top_lps, top_ids, eos_lps = self._chunked(fn, inputs, targets)
+        check_nan(self, steps, batch.lengths, "score_frontier")
+        check_nan(self, top_lps, batch.lengths, "score_frontier")
+        return batch, steps, top_lps, top_ids, eos_lps
 
     def position_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: the next-token log-probs before each position
@@ -439,7 +465,9 @@ class JaxLM(DeviceBatched):
         inputs, _ = self.teacher_inputs(batch, width)
         if batch.size == 0:
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
-        return batch, self._chunked(partial(_all_logprobs, self.apply), inputs)
+        tables = self._chunked(partial(_all_logprobs, self.apply), inputs)
+        check_nan(self, tables, batch.lengths, "position_logprobs")
+        return batch, tables
 
     def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]``: log-softmax next-token rows after each prefix.
@@ -454,4 +482,6 @@ class JaxLM(DeviceBatched):
             return np.zeros((0, self.vocab_size), np.float32)
         width = self.length_bucket(int(lengths.max()) + 1)
         inputs, _ = self.teacher_inputs(batch, width)
-        return self._chunked(partial(_last_logprobs, self.apply), inputs, lengths)
+        rows = self._chunked(partial(_last_logprobs, self.apply), inputs, lengths)
+        check_nan(self, rows, None, "next_logprobs")
+        return rows

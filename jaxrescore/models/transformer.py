@@ -4,7 +4,8 @@ BOS is an extra embedding row (id ``vocab_size``), so the output vocabulary stay
 never predicted. The nnx module is split ONCE into a (hashable) graph definition and a weights
 state; forwards are the plain ``jax.jit`` functions of :mod:`jaxrescore.models.jax_lm` with the
 state as an argument, so replacing ``model.params`` (training, distillation) is immediately seen.
-Everything is float32.
+Everything is float32 unless the config says otherwise (``dtype``, ``param_dtype``: bfloat16 or
+float16 compute or weights); rows and scores leave the device as float32 either way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flax import nnx
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder
+from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
 
 
@@ -39,6 +41,11 @@ class TransformerConfig:
       eos: end-of-sequence id, or None for fixed-length sequences of exactly ``max_len`` tokens.
       dropout: dropout rate used only by training (scoring is deterministic).
       positions: ``"learned"`` or ``"sinusoidal"``.
+      dtype: the compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (any
+        spelling ``jnp.dtype`` reads; stored as its name). Attention softmaxes and the output
+        log-softmax always run in float32. A 16-bit compute dtype makes the model's
+        ``score_tolerance`` 0.1 nats (see :mod:`jaxrescore.models.frontier`).
+      param_dtype: the weights' dtype (same choices; default ``"float32"``).
     """
 
     vocab_size: int
@@ -50,8 +57,12 @@ class TransformerConfig:
     eos: int | None = None
     dropout: float = 0.0
     positions: str = "learned"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
 
     def __post_init__(self):
+        for name in ("dtype", "param_dtype"):
+            object.__setattr__(self, name, _float_dtype_name(getattr(self, name), f"TransformerConfig.{name}"))
         # bools are ints to Python, floats like 2.7 would be cut: refuse both (check_int).
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
             check_int(getattr(self, name), f"TransformerConfig.{name}", minimum=1)
@@ -73,11 +84,33 @@ class TransformerConfig:
             )
 
     @property
+    def compute_dtype(self):
+        """``dtype`` as a ``jnp.dtype``."""
+        return jnp.dtype(self.dtype)
+
+    @property
     def ff_width(self) -> int:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _float_dtype_name(value, what: str) -> str:
+    """The canonical name of a float dtype a transformer computes in or stores weights as."""
+    try:
+        name = jnp.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{what} must be one of {', '.join(FLOAT_DTYPES)} (a name or a dtype), got {value!r}; "
+            "float64 is refused: it is slow on every backend and JAX runs 32-bit by default"
+        )
+    return name
 
 
 def _dropout(x, rate, key):
@@ -104,22 +137,26 @@ class _Block(nnx.Module):
         d = cfg.d_model
         self.n_heads = cfg.n_heads
         self.rate = cfg.dropout
-        self.ln1 = nnx.LayerNorm(d, rngs=rngs)
-        self.qkv = nnx.Linear(d, 3 * d, rngs=rngs)
-        self.out = nnx.Linear(d, d, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(d, rngs=rngs)
-        self.ff1 = nnx.Linear(d, cfg.ff_width, rngs=rngs)
-        self.ff2 = nnx.Linear(cfg.ff_width, d, rngs=rngs)
+        kw = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+        self.ln1 = nnx.LayerNorm(d, **kw)
+        self.qkv = nnx.Linear(d, 3 * d, **kw)
+        self.out = nnx.Linear(d, d, **kw)
+        self.ln2 = nnx.LayerNorm(d, **kw)
+        self.ff1 = nnx.Linear(d, cfg.ff_width, **kw)
+        self.ff2 = nnx.Linear(cfg.ff_width, d, **kw)
 
     def __call__(self, x, key=None):
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d // h) for a in (q, k, v))
-        att = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+        # attention in float32 whatever the compute dtype (no-ops for a float32 model): the
+        # cached path (jaxrescore.models.decoding) splits these sums, and 16-bit partial sums
+        # would make the two paths differ by far more than their float32 noise
+        att = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(d // h)
         causal = jnp.tril(jnp.ones((t, t), bool))
         att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
-        y = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, d)
+        y = jnp.einsum("bhqk,bkhd->bqhd", att, v.astype(jnp.float32)).astype(x.dtype).reshape(b, t, d)
         k1, k2 = (None, None) if key is None else jax.random.split(key)
         x = x + _dropout(self.out(y), self.rate, k1)
         y = self.ff2(jax.nn.gelu(self.ff1(self.ln2(x))))
@@ -136,8 +173,8 @@ class _Block(nnx.Module):
         write = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0)))
         row_k, row_v = write(row_k, k, start), write(row_v, v, start)
         scale = math.sqrt(d // h)
-        a_ctx = jnp.einsum("bqhd,khd->bhqk", q, ctx_k) / scale
-        a_row = jnp.einsum("bqhd,bkhd->bhqk", q, row_k) / scale
+        a_ctx = jnp.einsum("bqhd,khd->bhqk", q, ctx_k, preferred_element_type=jnp.float32) / scale
+        a_row = jnp.einsum("bqhd,bkhd->bhqk", q, row_k, preferred_element_type=jnp.float32) / scale
         ctx_ok = jnp.arange(ctx_k.shape[0]) < ctx_len  # shared positions written by the prefill
         qpos = start[:, None] + jnp.arange(w)[None, :]
         row_ok = jnp.arange(row_k.shape[1])[None, None, :] <= qpos[:, :, None]  # causal, own row
@@ -145,7 +182,10 @@ class _Block(nnx.Module):
         a_row = jnp.where(row_ok[:, None], a_row, -jnp.inf)
         att = jax.nn.softmax(jnp.concatenate([a_ctx, a_row], axis=-1), axis=-1)
         c = ctx_k.shape[0]
-        y = jnp.einsum("bhqk,khd->bqhd", att[..., :c], ctx_v) + jnp.einsum("bhqk,bkhd->bqhd", att[..., c:], row_v)
+        y = jnp.einsum("bhqk,khd->bqhd", att[..., :c], ctx_v.astype(jnp.float32)) + jnp.einsum(
+            "bhqk,bkhd->bqhd", att[..., c:], row_v.astype(jnp.float32)
+        )
+        y = y.astype(x.dtype)
         x = x + self.out(y.reshape(b, w, d))
         return x + self.ff2(jax.nn.gelu(self.ff1(self.ln2(x)))), row_k, row_v
 
@@ -156,18 +196,20 @@ class TransformerModule(nnx.Module):
     def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
         self.rate = cfg.dropout
         self.max_len = cfg.max_len
-        self.embed = nnx.Embed(cfg.vocab_size + 1, cfg.d_model, rngs=rngs)
+        kw = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+        self.embed = nnx.Embed(cfg.vocab_size + 1, cfg.d_model, **kw)
         # Sinusoidal tables are trace-time constants, so they never become trainable weights.
-        self.pos = nnx.Embed(cfg.max_len, cfg.d_model, rngs=rngs) if cfg.positions == "learned" else None
+        self.pos = nnx.Embed(cfg.max_len, cfg.d_model, **kw) if cfg.positions == "learned" else None
         self.blocks = nnx.List([_Block(cfg, rngs) for _ in range(cfg.n_layers)])
-        self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, rngs=rngs)
+        self.ln_f = nnx.LayerNorm(cfg.d_model, **kw)
+        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, **kw)
 
     def __call__(self, tokens, key=None):
         t = tokens.shape[1]
         d = self.ln_f.num_features
         pos = self.pos.embedding[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
-        x = self.embed(tokens) + pos[None]
+        x = self.embed(tokens)
+        x = x + pos[None].astype(x.dtype)
         n = len(self.blocks) + 1
         keys = [None] * n if key is None else jax.random.split(key, n)
         x = _dropout(x, self.rate, keys[0])
@@ -199,7 +241,8 @@ class TransformerModule(nnx.Module):
         else:
             table = jnp.asarray(sinusoidal_table(self.max_len, self.ln_f.num_features))
         # positions past the table exist only for padding tokens: clip, never NaN
-        x = self.embed(tokens) + jnp.take(table, pos, axis=0, mode="clip")
+        x = self.embed(tokens)
+        x = x + jnp.take(table, pos, axis=0, mode="clip").astype(x.dtype)
         out = []
         for block, (ck, cv), (rk, rv) in zip(self.blocks, ctx, cache):
             x, rk, rv = block.decode(x, start, ck, cv, ctx_len, rk, rv)
@@ -264,7 +307,7 @@ def transformer_decoder(config: TransformerConfig, graphdef, prepare: Callable |
     h, dh = config.n_heads, config.d_model // config.n_heads
 
     def empty_context():
-        z = jnp.zeros((1, h, dh), jnp.float32)
+        z = jnp.zeros((1, h, dh), jnp.dtype(config.dtype))
         return tuple((z, z) for _ in range(config.n_layers))
 
     return Decoder(TransformerDecode(graphdef, prepare), True, empty_context)
@@ -291,7 +334,7 @@ def init_weights(config: TransformerConfig, seed: int):
             w = np.ones(leaf.shape)
         else:
             w = np.zeros(leaf.shape)
-        return jnp.asarray(w, jnp.float32)
+        return jnp.asarray(w, leaf.dtype)
 
     graphdef, abstract = _graph(config)
     return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
@@ -333,6 +376,12 @@ class TransformerLM(JaxLM):
             f"TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers}, "
             f"n_heads={c.n_heads}, max_len={c.max_len}, eos={c.eos})"
         )
+
+    @property
+    def score_tolerance(self) -> float:
+        """Nats a score may move between forwards: 1e-3 in float32, 0.1 for a 16-bit compute
+        dtype (see :mod:`jaxrescore.models.frontier`)."""
+        return BFLOAT16_TOLERANCE if jnp.dtype(self.config.dtype).itemsize < 4 else FLOAT32_TOLERANCE
 
     @property
     def uses_dropout(self) -> bool:
