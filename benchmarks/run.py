@@ -35,6 +35,7 @@ SECTIONS = [
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
     ("kv_cache", "bench_kv_cache"),
+    ("int8", "bench_int8"),
     ("seek_index", "bench_seek_index"),
     ("seek_memory", "bench_seek_memory"),
     ("envelope", "bench_envelope"),

@@ -111,3 +111,39 @@ def test_fixed_length_support_sums_to_one(data, weights, order, discount):
     scores = m.score_sequences(support)
     assert np.all(np.isfinite(scores))
     assert math.isclose(np.exp(scores).sum(), 1.0, rel_tol=1e-5)
+
+
+def test_sparse_tables_scale_with_distinct_ngrams_not_vocabulary():
+    # V=50,257 (a GPT-2-sized vocabulary), order 8: memory is the distinct n-grams
+    rng = np.random.default_rng(0)
+    v = 50257
+    seqs = [tuple(int(t) for t in rng.zipf(1.3, size=rng.integers(3, 30)) % (v - 1) + 1) + (0,) for _ in range(400)]
+    tokens = sum(len(s) for s in seqs)
+    m = NGramLM.fit(seqs, order=8, vocab_size=v, eos=0, discount=None)
+    assert m.n_terms <= 8 * tokens and m.nbytes < 64 * 8 * tokens + 8 * v + 4096
+    rows = m.next_logprobs(np.array([list(seqs[0][:5]), [1, 2, 3, 4, 5]], np.int32), [5, 3])
+    assert rows.shape == (2, v)
+    np.testing.assert_allclose(np.logaddexp.reduce(rows.astype(np.float64), axis=1), 0.0, atol=1e-5)
+    check_protocol(m, seqs[:6], atol=1e-5)
+    with pytest.raises(ValueError, match="order"):
+        NGramLM.fit(seqs, order=17, vocab_size=v, eos=0)
+
+
+def test_dense_model_files_still_load(tmp_path):
+    import json
+
+    from jaxrescore.models.checkpoint import FORMAT, META, _checksum, load_model, save_model
+
+    # an order-2 model over V=3 in the dense format files had before sparse tables
+    rows = np.log(np.array([[0.2, 0.5, 0.3], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]], np.float32))
+    arrays = {"table": rows, "keys/0": np.array([0], np.int64), "keys/1": np.array([0, 2, 3], np.int64)}
+    meta = {"format": FORMAT, "version": 2, "kind": "NGramLM", "vocabulary": None,
+            "config": {"order": 2, "vocab_size": 3, "eos": 0, "max_len": 4, "discounts": [0.75, 0.75]}}
+    meta["checksum"] = _checksum(meta, arrays)
+    np.savez(tmp_path / "old.npz", **{META: np.array(json.dumps(meta))}, **arrays)
+    m = load_model(tmp_path / "old.npz")
+    pre = np.array([[0], [1], [2], [0]], np.int32)
+    got = m.next_logprobs(pre, [1, 1, 1, 0])  # contexts 0, 1 (unseen: backs off), 2, BOS (=3)
+    np.testing.assert_allclose(got, rows[[1, 0, 2, 3]], atol=1e-6)
+    save_model(m, tmp_path / "new.npz")
+    np.testing.assert_array_equal(load_model(tmp_path / "new.npz").next_logprobs(pre, [1, 1, 1, 0]), got)

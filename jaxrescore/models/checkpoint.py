@@ -4,7 +4,8 @@ Format (version 2), a plain numpy ``.npz`` archive (readable with ``np.load`` al
 
 - ``__meta__``: a JSON string ``{"format": "jaxrescore-model", "version": 2, "kind": ...,
   "config": {...}, "vocabulary": [...] or null, "checksum": ...}``; ``kind`` is
-  ``"TransformerLM"``, ``"Int8TransformerLM"`` (config: the TransformerConfig fields) or
+  ``"TransformerLM"``, ``"Int8TransformerLM"`` (config: the TransformerConfig fields, and for
+  the twin its ``activations``, ``"float"`` when absent: files written before W8A8 twins) or
   ``"NGramLM"`` (config: ``order``, ``vocab_size``, ``eos``, ``max_len``, ``discounts``);
   ``vocabulary`` is the model's token strings (see :func:`~jaxrescore.models.base.check_vocabulary`)
   when it carries them; ``checksum`` is a SHA-256 over the rest of the header and every array
@@ -12,8 +13,10 @@ Format (version 2), a plain numpy ``.npz`` archive (readable with ``np.load`` al
 - one array per weight, named by its path in the weights tree joined with ``/`` (bfloat16 weights,
   ``param_dtype="bfloat16"``, as their uint16 bit patterns)
   (e.g. ``blocks/0/qkv/kernel``; an int8 twin stores ``.../kernel/q`` int8 and
-  ``.../kernel/scale`` float32); an NGramLM stores ``table`` (float32[R, V]) and ``keys/<k>``
-  (int64 context keys of each order ``k``).
+  ``.../kernel/scale`` float32); an NGramLM stores its sparse tables, ``levels/<k>/keys``
+  (int64), ``gamma`` (float64), ``ptr`` (int64), ``tok`` (int32) and ``val`` (float64) for each
+  context length ``k`` (see :class:`~jaxrescore.models.ngram.NGramLevel`); files written before
+  sparse tables hold ``table`` (float32[R, V]) and ``keys/<k>`` and still load (converted).
 
 Writes are atomic and leave nothing behind on failure: a temporary file in the destination
 folder, flushed and fsynced, then ``os.replace``; the temporary file is removed if anything fails.
@@ -99,11 +102,16 @@ def _contents(model) -> tuple[str, dict, dict]:
     if isinstance(model, NGramLM):
         config = {"order": model.order, "vocab_size": model.vocab_size, "eos": model.eos,
                   "max_len": model.max_len, "discounts": list(model.discounts)}
-        arrays = {"table": np.asarray(model.params, np.float32)}
-        arrays.update({f"keys/{k}": np.asarray(keys, np.int64) for k, keys in enumerate(model._keys)})
+        arrays = {}
+        for k, level in enumerate(model.levels):
+            for field, value in level._asdict().items():
+                arrays[f"levels/{k}/{field}"] = np.asarray(value)
         return "NGramLM", config, arrays
-    if isinstance(model, (TransformerLM, Int8TransformerLM)):
-        return type(model).__name__, model.config.to_dict(), _named_leaves(model.params)
+    if isinstance(model, Int8TransformerLM):
+        config = dict(model.config.to_dict(), activations=model.activations)
+        return "Int8TransformerLM", config, _named_leaves(model.params)
+    if isinstance(model, TransformerLM):
+        return "TransformerLM", model.config.to_dict(), _named_leaves(model.params)
     raise TypeError(
         f"save_model saves TransformerLM, Int8TransformerLM or NGramLM, got {type(model).__name__} "
         "(a from_apply_fn model's weights are yours to save: its apply function is code)"
@@ -241,24 +249,40 @@ def _restore_params(path: str, template, stored: dict):
 
 def _build(path: str, kind: str, config: dict, arrays: dict, mesh):
     if kind == "NGramLM":
-        from jaxrescore.models.ngram import NGramLM
+        from jaxrescore.models.ngram import NGramLevel, NGramLM
 
         fields = {"order", "vocab_size", "eos", "max_len", "discounts"}
         if set(config) != fields:
             raise ModelFileError(f"{path!r}: an NGramLM config needs exactly {sorted(fields)}, got {sorted(config)}")
-        keys = [arrays.get(f"keys/{k}") for k in range(config["order"] if isinstance(config["order"], int) else 0)]
-        if "table" not in arrays or any(k is None for k in keys) or len(arrays) != len(keys) + 1:
-            raise ModelFileError(f"{path!r} does not hold an NGramLM's table and keys/0..keys/{len(keys) - 1}")
-        if arrays["table"].dtype != np.float32 or any(k.dtype != np.int64 or k.ndim != 1 for k in keys):
-            raise ModelFileError(f"{path!r}: an NGramLM needs a float32 table and int64 key vectors")
-        return NGramLM(arrays["table"], keys, mesh=mesh, **config)
+        order = config["order"] if isinstance(config["order"], int) and not isinstance(config["order"], bool) else 0
+        if "table" in arrays:  # files written before sparse tables: dense rows, converted
+            keys = [arrays.get(f"keys/{k}") for k in range(order)]
+            if any(k is None for k in keys) or len(arrays) != len(keys) + 1:
+                raise ModelFileError(f"{path!r} does not hold an NGramLM's table and keys/0..keys/{len(keys) - 1}")
+            if arrays["table"].dtype != np.float32 or any(k.dtype != np.int64 or k.ndim != 1 for k in keys):
+                raise ModelFileError(f"{path!r}: an NGramLM needs a float32 table and int64 key vectors")
+            return NGramLM.from_table(arrays["table"], keys, mesh=mesh, **config)
+        dtypes = {"keys": np.int64, "gamma": np.float64, "ptr": np.int64, "tok": np.int32, "val": np.float64}
+        names = {f"levels/{k}/{f}" for k in range(order) for f in dtypes}
+        if order < 1 or set(arrays) != names:
+            raise ModelFileError(f"{path!r} does not hold an NGramLM's levels/0..{order - 1} tables")
+        levels = []
+        for k in range(order):
+            got = {f: arrays[f"levels/{k}/{f}"] for f in dtypes}
+            if any(a.dtype != dt or a.ndim != 1 for (f, a), dt in zip(got.items(), dtypes.values())):
+                raise ModelFileError(f"{path!r}: NGramLM level {k} has arrays of the wrong dtype or shape")
+            levels.append(NGramLevel(**got))
+        return NGramLM(levels, mesh=mesh, **config)
     from jaxrescore.models.int8 import quantize_int8
     from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
+    config = dict(config)
+    # an int8 twin's file says how its layers multiply; files written before that are weight-only
+    activations = config.pop("activations", "float") if kind == "Int8TransformerLM" else None
     config = TransformerConfig(**config)
     model = TransformerLM(config).with_mesh(mesh)
     if kind == "Int8TransformerLM":
-        model = quantize_int8(model)
+        model = quantize_int8(model, activations=activations)
     model.params = _restore_params(path, model, arrays)
     return model
 

@@ -1,16 +1,34 @@
-"""quantize_int8: a TransformerLM twin with int8 weights, and its measured deviation.
+"""quantize_int8: an int8 twin of a model that is cheaper to store AND to run, and its deviation.
 
 Every 2-D weight is stored as int8 with float32 per-output-channel scales (symmetric, ``q =
 round(w / s)``, ``s = max|w| / 127`` per channel): a Linear kernel ``[in, out]`` per output column,
-an embedding table per row (token). Biases and LayerNorm parameters stay float32. The forward
-dequantises inside the jit (``q * s`` in float32) and runs the same network, so the twin is a
-cheap-to-store draft whose scores differ from the original by the measured deviation.
+an embedding table per row (token). Biases and LayerNorm parameters stay as they were.
+
+TransformerLM twins run their own network (:class:`QLinear`, :class:`QEmbed` in place of the
+float layers; the weights stay int8 in memory, nothing is dequantised whole per call):
+
+- ``activations="int8"`` (the default): each dense layer quantises its input per token (symmetric,
+  ``max|x| / 127``) and multiplies int8 by int8 with int32 accumulation (``lax.dot_general`` with
+  ``preferred_element_type=int32``, which XLA lowers to integer GEMMs on CPU and GPU), then
+  rescales: W8A8;
+- ``activations="float"``: weight-only, each layer multiplies by its dequantised kernel (the
+  scores of the previous twin).
+
+Measured side by side in ``benchmarks/bench_int8.py`` (BENCHMARKS.md); ``max_step_deviation``
+measures what either costs in accuracy.
+
+Any ``from_apply_fn`` model: every floating leaf of its params pytree with at least 2 axes is
+quantised (one scale per entry of its last axis) and dequantised inside the jit before
+``apply_fn`` runs: the twin stores 4x less, its forward is the original's (a user's function
+cannot be given integer matmuls from outside).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import partial
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,12 +36,21 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.sampling import sample_sequences
-from jaxrescore.models.decoding import Decoder
-from jaxrescore.models.transformer import TransformerConfig, TransformerLM, transformer_decoder
+from jaxrescore.models.transformer import (
+    TransformerApply,
+    TransformerConfig,
+    TransformerLM,
+    TransformerModule,
+    transformer_decoder,
+)
 from jaxrescore.typing import PyTree, Sequences
+
+ACTIVATIONS = ("int8", "float")
 
 
 class QTensor(NamedTuple):
@@ -37,70 +64,118 @@ def _is_q(x) -> bool:
     return isinstance(x, QTensor)
 
 
-def _quantize_leaf(path, w):
-    name = str(getattr(path[-2], "key", "")) if len(path) >= 2 else ""
-    if w.ndim != 2 or name not in ("kernel", "embedding"):
-        return w
-    # On the host in numpy: eager per-leaf JAX ops would each compile.
-    w = np.asarray(w, np.float32)
-    axis = 0 if name == "kernel" else 1  # reduce over inputs: one scale per output channel
+def _quantize(w: np.ndarray, axis) -> QTensor:
+    """Symmetric int8 of ``w`` with one float32 scale per slice along the reduced ``axis``."""
+    w = np.asarray(w, np.float32)  # on the host: eager per-leaf JAX ops would each compile
     amax = np.max(np.abs(w), axis=axis, keepdims=True)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
     return QTensor(jnp.asarray(q), jnp.asarray(scale))
 
 
-def dequantize(qparams):
+def _quantize_leaf(path, w):
+    name = str(getattr(path[-2], "key", "")) if len(path) >= 2 else ""
+    if np.ndim(w) != 2 or name not in ("kernel", "embedding"):
+        return w
+    return _quantize(w, 0 if name == "kernel" else 1)  # reduce over inputs: per output channel
+
+
+def dequantize(qparams: PyTree) -> PyTree:
     """The float32 weights tree of an int8 weights tree."""
     return jax.tree.map(
         lambda x: x.q.astype(jnp.float32) * x.scale if _is_q(x) else x, qparams, is_leaf=_is_q
     )
 
 
-@dataclass(frozen=True)
-class Int8Apply:
-    """Hashable forward ``(int8 state, tokens) -> logits``: dequantise, then the float network."""
+class QLinear(nnx.Module):
+    """A dense layer with an int8 kernel (``kernel``: a :class:`QTensor`, scales ``[1, out]``)."""
 
-    graphdef: nnx.GraphDef
+    def __init__(self, in_features: int, out_features: int, *, dtype=None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs, activations: str = "int8"):
+        self.kernel = nnx.Param(QTensor(jnp.zeros((in_features, out_features), jnp.int8),
+                                        jnp.ones((1, out_features), jnp.float32)))
+        self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype))
+        self.dtype = dtype
+        self.activations = activations
 
-    def __hash__(self):
-        # jit hashes this static argument on every call; hashing a GraphDef walks the whole
-        # module structure (~0.7 ms for the demo model), so compute it once.
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(self.graphdef)
-            object.__setattr__(self, "_hash", cached)
-        return cached
+    def __call__(self, x):
+        q, scale = self.kernel.get_value()
+        dtype = self.dtype or x.dtype
+        if self.activations == "int8":
+            # per-token symmetric int8 of the input, integer GEMM, int32 accumulation
+            xf = x.astype(jnp.float32)
+            amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
+            sx = jnp.where(amax > 0, amax / 127.0, 1.0)
+            xq = jnp.clip(jnp.round(xf / sx), -127, 127).astype(jnp.int8)
+            acc = jax.lax.dot_general(xq, q, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+            y = acc.astype(jnp.float32) * sx * scale[0]
+        else:
+            y = jnp.dot(x.astype(jnp.float32), q.astype(jnp.float32) * scale)
+        return (y + self.bias[...].astype(jnp.float32)).astype(dtype)
 
-    def __call__(self, qstate, tokens):
-        return nnx.merge(self.graphdef, dequantize(qstate))(tokens)
+
+class QEmbed(nnx.Module):
+    """An embedding table of int8 rows with one float32 scale per row (token)."""
+
+    def __init__(self, num_embeddings: int, features: int, *, dtype=None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
+        self.embedding = nnx.Param(QTensor(jnp.zeros((num_embeddings, features), jnp.int8),
+                                           jnp.ones((num_embeddings, 1), jnp.float32)))
+        self.dtype = dtype or jnp.float32
+
+    def __call__(self, tokens):
+        q, scale = self.embedding.get_value()
+        return (q[tokens].astype(jnp.float32) * scale[tokens]).astype(self.dtype)
+
+    def table(self):
+        q, scale = self.embedding.get_value()
+        return (q.astype(jnp.float32) * scale).astype(self.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _twin_graph(config: TransformerConfig, activations: str):
+    """The graph definition of ``config``'s int8 network."""
+    linear = partial(QLinear, activations=activations)
+    return nnx.split(nnx.eval_shape(lambda: TransformerModule(config, nnx.Rngs(0), linear=linear, embed=QEmbed)))[0]
 
 
 class Int8TransformerLM(JaxLM):
     """The int8 twin of a TransformerLM (build with :func:`quantize_int8`); same protocol,
-    not trainable. ``params`` is the weights tree with :class:`QTensor` leaves."""
+    not trainable. ``params`` is the weights tree with :class:`QTensor` leaves; ``activations``
+    says how its dense layers multiply (see the module docstring)."""
 
     trainable = False
 
     def __init__(
-        self, config: TransformerConfig, graphdef: nnx.GraphDef, qparams: PyTree, *, mesh: Mesh | None = None
+        self, config: TransformerConfig, qparams: PyTree, *, activations: str = "int8", mesh: Mesh | None = None
     ):
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
         self.config = config
+        self.activations = activations
         super().__init__(
-            Int8Apply(graphdef), qparams, vocab_size=config.vocab_size, eos=config.eos,
-            max_len=config.max_len, bos_id=config.vocab_size, mesh=mesh,
+            TransformerApply(_twin_graph(config, activations)), qparams, vocab_size=config.vocab_size,
+            eos=config.eos, max_len=config.max_len, bos_id=config.vocab_size, mesh=mesh,
         )
 
     def __repr__(self) -> str:
         c = self.config
-        return f"Int8TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers})"
+        return (f"Int8TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers}, "
+                f"activations={self.activations!r})")
+
+    @property
+    def score_tolerance(self) -> float:
+        """As the float model's (the compute dtype's)."""
+        from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
+
+        return BFLOAT16_TOLERANCE if jnp.dtype(self.config.dtype).itemsize < 4 else FLOAT32_TOLERANCE
 
     def decoder(self) -> Decoder:
-        """The incremental forward (key/value caches, weights dequantised inside the jit) used by
+        """The incremental forward (key/value caches over the int8 network) used by
         :class:`~jaxrescore.models.decoding.DecodingSession`."""
         held = self.__dict__.get("_decoder")
         if held is None or held[0] is not self.apply.graphdef:
-            held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef, dequantize))
+            held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef))
             self._decoder = held
         return held[1]
 
@@ -109,12 +184,63 @@ class Int8TransformerLM(JaxLM):
         return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(self.params)))
 
 
-def quantize_int8(model: TransformerLM) -> Int8TransformerLM:
-    """The int8 weight-quantised twin of ``model`` (see the module docstring)."""
-    if not isinstance(model, TransformerLM):
-        raise TypeError(f"quantize_int8 needs a TransformerLM, got {type(model).__name__}")
-    qparams = jax.tree_util.tree_map_with_path(_quantize_leaf, model.params)
-    return Int8TransformerLM(model.config, model.apply.graphdef, qparams, mesh=model.mesh)
+@dataclass(frozen=True)
+class DequantizedApply:
+    """Hashable ``apply_fn`` of an int8 pytree: dequantise, then the user's function."""
+
+    apply_fn: Callable
+
+    def __call__(self, qparams, tokens, *args):
+        return self.apply_fn(dequantize(qparams), tokens, *args)
+
+
+@dataclass(frozen=True)
+class DequantizedStep:
+    """The cache-aware ``step`` of an int8 pytree (see :func:`jaxrescore.models.from_apply_fn`)."""
+
+    step: Callable
+
+    def __call__(self, qparams, cache, tokens, positions):
+        return self.step(dequantize(qparams), cache, tokens, positions)
+
+
+def _quantize_pytree(params: PyTree) -> PyTree:
+    def leaf(x):
+        if np.ndim(x) >= 2 and jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            return _quantize(np.asarray(x, np.float32), tuple(range(np.ndim(x) - 1)))
+        return x
+
+    return jax.tree.map(leaf, params)
+
+
+def quantize_int8(model: TransformerLM | ApplyFnLM, *, activations: str = "int8") -> Int8TransformerLM | ApplyFnLM:
+    """The int8 weight-quantised twin of ``model`` (see the module docstring).
+
+    Args:
+      model: a TransformerLM (its twin runs int8 layers), or any ``from_apply_fn`` model (its twin
+        stores int8 weights and dequantises them inside the jit).
+      activations: for a TransformerLM, ``"int8"`` (W8A8 integer matmuls, the default) or
+        ``"float"`` (weight-only); ignored for an apply-fn model.
+    """
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if isinstance(model, TransformerLM):
+        qparams = jax.tree_util.tree_map_with_path(_quantize_leaf, model.params)
+        return Int8TransformerLM(model.config, qparams, activations=activations, mesh=model.mesh)
+    if isinstance(model, ApplyFnLM) and not isinstance(model.apply, DequantizedApply):
+        twin = ApplyFnLM(
+            DequantizedApply(model.apply), _quantize_pytree(model.params), vocab_size=model.vocab_size,
+            eos=model.eos, max_len=model.max_len, bos_id=model.bos_id, mesh=model.mesh,
+        )
+        twin.trainable = False
+        twin.score_tolerance = model.score_tolerance
+        if model.step is not None:
+            twin.init_cache, twin.step = model.init_cache, DequantizedStep(model.step)
+        return twin
+    raise TypeError(
+        f"quantize_int8 needs a TransformerLM or a from_apply_fn model (not already quantised), "
+        f"got {type(model).__name__}"
+    )
 
 
 def max_step_deviation(

@@ -1,4 +1,4 @@
-"""NGramLM: an interpolated Kneser-Ney n-gram model with batched, vectorised lookups.
+"""NGramLM: an interpolated Kneser-Ney n-gram model stored as sparse back-off tables.
 
 Smoothing (Chen & Goodman's interpolated Kneser-Ney), for a context ``h`` of ``k`` tokens:
 
@@ -11,55 +11,60 @@ seen to the left). ``P_{-1}`` is uniform over the ``V`` tokens, so every log-pro
 context never seen at order ``k`` backs off to ``P_{k-1}``. Contexts are left-padded with a BOS
 symbol (id ``V``), so sequence starts are their own contexts.
 
-Storage: one float32 table ``[R, V]`` (a JAX array) of full next-token log-prob rows, one row per
-context seen at any order (R = contexts of all orders; memory ``R * V * 4`` bytes), plus sorted
-int64 context keys per order on the host. A lookup finds, for every query at once, the longest
-seen suffix of its context by ``np.searchsorted``, then gathers rows on the device.
+Storage: memory linear in the distinct n-grams, not in contexts x V. Per context length ``k``:
+the seen contexts (sorted int64 keys ``index of the context's suffix one order down * (V + 1) +
+its oldest token``, so no key grows with the order: orders up to ``MAX_ORDER`` at any V), each
+context's ``gamma`` and, in CSR form, its discounted n-gram terms ``max(c - D, 0) / c(h .)``
+(token ids and float64 values); plus the order-0 row ``P_0`` as one dense ``float64[V]``. A
+query resolves the longest seen suffix of its context order by order (``np.searchsorted``),
+then sums the chain ``P = sum_k coef_k * terms_k + coef_0 * P_0`` (``coef`` the product of the
+gammas above): a step's probability from a few lookups, a whole row as ``P_0`` scaled plus the
+sparse terms scattered in. Everything runs on the host in numpy (float64, then ``log`` and
+float32, clipped to <= 0); with a mesh, lookups still run on the host (a table model has no
+forward to split).
 """
 
 from __future__ import annotations
 
 import numbers
-from functools import partial
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int, check_support, check_weights
-from jaxrescore.models.frontier import TABLE_TOLERANCE
+from jaxrescore.models.frontier import TABLE_TOLERANCE, host_top_m
 from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 from jaxrescore.typing import ArrayLike, Sequences
 
-
-@jax.jit
-def _gather_steps(table, rows, targets):
-    """float32[N, T]: ``table[rows, targets]``."""
-    return table[rows, targets]
-
-
-@jax.jit
-def _gather_rows(table, rows):
-    """float32[..., V]: ``table[rows]``."""
-    return table[rows]
+# The longest n-gram order fit accepts.
+MAX_ORDER = 16
+# Cells (rows x V) of dense float64 rows built at once: bounds the temporaries of a row query.
+ROW_CELLS = 1 << 22
 
 
-@partial(jax.jit, static_argnums=1)
-def _table_top_m(table, m):
-    """Each table row's ``m`` largest log-probs float32[R, m] and their ids int32[R, m]."""
-    vals, ids = jax.lax.top_k(table, m)
-    return vals, ids.astype(jnp.int32)
+class NGramLevel(NamedTuple):
+    """The seen contexts of one length ``k`` (see the module docstring).
 
+    Attributes:
+      keys: int64[C] sorted context keys (``suffix index * (V + 1) + oldest token``; the one
+        empty context of length 0 has key 0).
+      gamma: float64[C], the back-off weight of each context.
+      ptr: int64[C + 1], CSR offsets of each context's terms.
+      tok: int32[E], the terms' tokens (ascending within a context).
+      val: float64[E], the terms ``max(c(h w) - D, 0) / c(h .)``.
+    """
 
-def _encode(windows: np.ndarray, base: int) -> np.ndarray:
-    """int64 keys of token windows ``[..., k]`` in base ``base`` (oldest token most significant)."""
-    key = np.zeros(windows.shape[:-1], np.int64)
-    for j in range(windows.shape[-1]):
-        key = key * base + windows[..., j]
-    return key
+    keys: np.ndarray
+    gamma: np.ndarray
+    ptr: np.ndarray
+    tok: np.ndarray
+    val: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self))
 
 
 def _discount(counts: np.ndarray, discount) -> float:
@@ -71,24 +76,32 @@ def _discount(counts: np.ndarray, discount) -> float:
     return n1 / (n1 + 2 * n2) if n1 and n2 else 0.75
 
 
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])``, vectorised."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.cumsum(counts) - counts
+    return np.repeat(starts - offsets, counts) + np.arange(total)
+
+
 class NGramLM(DeviceBatched):
-    """Interpolated Kneser-Ney n-gram LM (build with :meth:`fit`).
+    """Interpolated Kneser-Ney n-gram LM over sparse back-off tables (build with :meth:`fit`).
 
     Attributes:
       vocab_size, eos, max_len: the protocol attributes.
       order: n (contexts of ``order - 1`` tokens).
       discounts: ``D_k`` per context length ``k = 0..order-1``.
-      params: the float32 log-prob table ``[R, V]`` (a JAX array).
-      mesh: optional ``jax.sharding.Mesh`` sharding the batch axis of lookups.
+      levels: one :class:`NGramLevel` per context length ``0..order-1``.
+      base_row: float64[V], ``P_0`` (the unigram level with its uniform back-off).
+      mesh: optional ``jax.sharding.Mesh`` (recorded; lookups run on the host).
     """
 
-    chunk_tokens = 1 << 20  # a gather has no activations to keep in cache: few big calls
-    score_tolerance = TABLE_TOLERANCE  # a context's row is the same table row in every batch
+    score_tolerance = TABLE_TOLERANCE  # a context's row is the same in every batch
 
     def __init__(
         self,
-        table: ArrayLike,
-        context_keys: Sequence[ArrayLike],
+        levels: Sequence[NGramLevel],
         *,
         order: int,
         vocab_size: int,
@@ -97,29 +110,65 @@ class NGramLM(DeviceBatched):
         discounts: Sequence[float],
         mesh: Mesh | None = None,
     ):
-        # log(p) of a float64 p that rounds above 1 is a hair above 0: clip (every model does).
-        self.params = jnp.asarray(np.minimum(np.asarray(table, np.float32), 0.0))
-        self._top_m = {}  # m -> host (values float32[R, m], ids int32[R, m])
-        self._keys = [np.asarray(k, np.int64) for k in context_keys]
-        self._offsets = np.cumsum([0] + [k.size for k in self._keys])[:-1]
         self.order = check_int(order, "order", minimum=1)
         self.vocab_size, self.eos, self.max_len = check_support(vocab_size, eos, max_len, "NGramLM")
-        if self.params.ndim != 2 or self.params.shape[1] != self.vocab_size:
-            raise ValueError(f"table must be float[R, vocab_size={self.vocab_size}], got shape {self.params.shape}")
-        if len(self._keys) != self.order or sum(k.size for k in self._keys) != self.params.shape[0]:
+        levels = [NGramLevel(*(np.asarray(a) for a in lv)) for lv in levels]
+        if len(levels) != self.order or levels[0].keys.size != 1:
             raise ValueError(
-                f"context_keys must hold {self.order} arrays (one per order) with one key per table "
-                f"row ({self.params.shape[0]}), got {len(self._keys)} arrays of {sum(k.size for k in self._keys)} keys"
+                f"levels must hold {self.order} NGramLevel (context lengths 0..order-1), the first with the "
+                f"one empty context; got {len(levels)}"
             )
+        for k, lv in enumerate(levels):
+            c = lv.keys.size
+            if lv.gamma.shape != (c,) or lv.ptr.shape != (c + 1,) or lv.tok.shape != lv.val.shape or (
+                c and int(lv.ptr[-1]) != lv.tok.size
+            ):
+                raise ValueError(f"levels[{k}] has inconsistent shapes")
+            if lv.tok.size and (lv.tok.min() < 0 or lv.tok.max() >= self.vocab_size):
+                raise ValueError(f"levels[{k}] has token ids outside [0, {self.vocab_size})")
+        self.levels = levels
         self.discounts = tuple(float(d) for d in discounts)
         self.mesh = check_mesh(mesh)
         self._placed = None
+        base = np.full(self.vocab_size, levels[0].gamma[0] / self.vocab_size)
+        lv0 = levels[0]
+        base[lv0.tok[lv0.ptr[0] : lv0.ptr[1]]] += lv0.val[lv0.ptr[0] : lv0.ptr[1]]
+        self.base_row = base
+        # the entry key ctx * V + tok of every term, sorted (CSR order): one searchsorted per step
+        self._ekeys = [
+            np.repeat(np.arange(lv.keys.size, dtype=np.int64), np.diff(lv.ptr)) * self.vocab_size + lv.tok
+            for lv in levels
+        ]
 
     def __repr__(self) -> str:
         return (
             f"NGramLM(order={self.order}, V={self.vocab_size}, eos={self.eos}, "
-            f"max_len={self.max_len}, contexts={int(self.params.shape[0])})"
+            f"max_len={self.max_len}, contexts={self.n_contexts}, terms={self.n_terms})"
         )
+
+    @property
+    def params(self) -> None:
+        """A table model has no weights on a device (kept for the DeviceBatched interface)."""
+        return None
+
+    @params.setter
+    def params(self, value) -> None:
+        pass
+
+    @property
+    def n_contexts(self) -> int:
+        """Seen contexts over all context lengths."""
+        return int(sum(lv.keys.size for lv in self.levels))
+
+    @property
+    def n_terms(self) -> int:
+        """Stored n-gram terms over all orders (what memory grows with)."""
+        return int(sum(lv.tok.size for lv in self.levels))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables (levels, the entry keys and the dense order-0 row)."""
+        return int(sum(lv.nbytes for lv in self.levels) + sum(k.nbytes for k in self._ekeys) + self.base_row.nbytes)
 
     # ---- fitting ----------------------------------------------------------------------------
 
@@ -136,79 +185,214 @@ class NGramLM(DeviceBatched):
         weights: ArrayLike | None = None,
         mesh: Mesh | None = None,
     ) -> "NGramLM":
-        """Fit counts from a corpus (vectorised numpy; 100k short sequences take about a second).
+        """Fit counts from a corpus (vectorised numpy: a few sorts per order).
 
         Args:
           sequences: the corpus, in the model's support: a SequenceBatch or list of token
             sequences; with ``eos`` every sequence ends with ``eos`` (and has no other eos);
             without it every sequence has exactly ``max_len`` tokens.
-          order: n >= 1 (1 = unigram).
+          order: n in ``[1, MAX_ORDER]`` (1 = unigram).
           vocab_size: V; tokens lie in ``[0, V)``.
           eos: end-of-sequence id, or None for fixed-length sequences.
           max_len: the longest sequence in the support (default: the longest in the corpus).
           discount: ``D`` in ``(0, 1]`` for every order, or None for Ney's per-order estimate
             ``n1 / (n1 + 2 n2)`` (meaningful for integer counts).
           weights: optional non-negative float[N]: how often each sequence occurs.
-          mesh: optional ``jax.sharding.Mesh`` for data-parallel lookups.
+          mesh: optional ``jax.sharding.Mesh`` (recorded; lookups run on the host).
         """
         batch, w, max_len = _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights)
-        base = vocab_size + 1
+        v = vocab_size
         k_top = order - 1
-        # Every step's n-gram: the k_top tokens before it (BOS-padded) and the token itself.
-        padded = np.full((batch.size, k_top + batch.tokens.shape[1]), vocab_size, np.int64)
-        padded[:, k_top:] = batch.tokens
-        windows = np.lib.stride_tricks.sliding_window_view(padded, order, axis=1)
-        real = batch.mask & (w[:, None] > 0)
-        grams, inverse = np.unique(_encode(windows[real], base), return_inverse=True)
-        counts = np.bincount(inverse.reshape(-1), np.broadcast_to(w[:, None], real.shape)[real])
+        n, t = batch.tokens.shape
+        padded = np.full((n, k_top + t), v, np.int64)
+        padded[:, k_top:] = np.where(batch.mask, batch.tokens, 0)
+        width = padded.shape[1]
+        cols = np.arange(width)[None, :]
+        valid = cols < (k_top + batch.lengths)[:, None]
+        real = valid & (cols >= k_top) & (w[:, None] > 0)
 
-        levels = [None] * order  # per context length k: (n-gram keys, counts)
-        levels[k_top] = (grams, counts)
+        # Window ids: a window of length j ending at a cell is (its suffix window of length j-1,
+        # its oldest token); ids number the distinct keys in sorted order, so ids stay small.
+        wid = [np.zeros((n, width), np.int64)]  # length 0: the one empty window
+        suffix, oldest = [None], [None]
+        for j in range(1, order + 1):
+            ids = np.full((n, width), -1, np.int64)
+            cells = valid & (cols >= j - 1)
+            r, c = np.nonzero(cells)
+            key = wid[j - 1][r, c] * (v + 1) + padded[r, c - j + 1]
+            uniq, inv = np.unique(key, return_inverse=True)
+            ids[r, c] = inv
+            wid.append(ids)
+            suffix.append(uniq // (v + 1))
+            oldest.append(uniq % (v + 1))
+
+        # n-grams ending at real cells (the top order), then continuation counts below.
+        r, c = np.nonzero(real)
+        grams, first, inv = np.unique(wid[order][r, c], return_index=True, return_inverse=True)
+        counts = np.bincount(inv.reshape(-1), w[r])
+        ctx_of = wid[order - 1][r[first], c[first] - 1]  # the n-gram's first n-1 tokens
+        word = padded[r[first], c[first]]
+        per_len = [None] * order  # per context length k: (ctx window ids, words, counts)
+        per_len[k_top] = (ctx_of, word, counts, grams)
+        # every window's context and last token, from one occurrence (for the lower orders)
         for k in range(k_top - 1, -1, -1):
-            # Continuation counts: distinct left extensions of each shorter n-gram type.
-            shorter, cont = np.unique(levels[k + 1][0] % base ** (k + 1), return_counts=True)
-            levels[k] = (shorter, cont.astype(np.float64))
+            up_grams = per_len[k + 1][3]
+            lower, cont = np.unique(suffix[k + 2][up_grams], return_counts=True)
+            j = k + 1  # the lower n-grams are windows of length j
+            rr, cc = np.nonzero(wid[j] >= 0)
+            ids = wid[j][rr, cc]
+            pick = np.full(suffix[j].size, -1, np.int64)
+            pick[ids] = np.arange(ids.size)  # one occurrence per window id
+            at = pick[lower]
+            ctx = wid[j - 1][rr[at], cc[at] - 1] if j > 1 else np.zeros(lower.size, np.int64)
+            per_len[k] = (ctx, padded[rr[at], cc[at]], cont.astype(np.float64), lower)
 
-        tables, keys, discounts = [], [], []
-        lower = np.full((1, vocab_size), 1.0 / vocab_size)
-        lower_keys = np.zeros(1, np.int64)
+        levels, discounts = [], []
+        prev_ctx = None  # window ids (length k-1) of the previous level's contexts, sorted
         for k in range(order):
-            grams, counts = levels[k]
-            d = _discount(counts, discount)
-            ctx, ctx_idx = np.unique(grams // base, return_inverse=True)
-            total = np.bincount(ctx_idx, counts, minlength=ctx.size)
-            kept = np.maximum(counts - d, 0.0) / total[ctx_idx]
-            rows = np.zeros((ctx.size, vocab_size))
-            rows[ctx_idx, grams % base] = kept
-            gamma = 1.0 - np.bincount(ctx_idx, kept, minlength=ctx.size)
-            # A seen context's suffix is always seen one order down (it has a continuation).
-            suffix = np.searchsorted(lower_keys, ctx % base ** (k - 1) if k else np.zeros_like(ctx))
-            rows += gamma[:, None] * lower[suffix]
-            tables.append(rows)
-            keys.append(ctx)
+            ctx_w, words, cnt, _ = per_len[k]
+            d = _discount(cnt, discount)
+            uctx, cinv = np.unique(ctx_w, return_inverse=True)
+            total = np.bincount(cinv, cnt, minlength=uctx.size)
+            kept = np.maximum(cnt - d, 0.0) / total[cinv]
+            gamma = 1.0 - np.bincount(cinv, kept, minlength=uctx.size)
+            order_terms = np.lexsort((words, cinv))
+            keep = order_terms[kept[order_terms] > 0]
+            ptr = np.zeros(uctx.size + 1, np.int64)
+            np.cumsum(np.bincount(cinv[keep], minlength=uctx.size), out=ptr[1:])
+            if k == 0:
+                keys = np.zeros(1, np.int64)
+            else:
+                # a seen context's suffix is a seen context one order down (it has a continuation)
+                sidx = np.searchsorted(prev_ctx, suffix[k][uctx])
+                keys = sidx * (v + 1) + oldest[k][uctx]
+            levels.append(NGramLevel(keys, gamma, ptr, words[keep].astype(np.int32), kept[keep]))
             discounts.append(d)
-            lower, lower_keys = rows, ctx
-        table = np.log(np.concatenate(tables)).astype(np.float32)
-        return cls(
-            table, keys, order=order, vocab_size=vocab_size, eos=eos, max_len=max_len,
-            discounts=discounts, mesh=mesh,
-        )
+            prev_ctx = uctx
+        return cls(levels, order=order, vocab_size=v, eos=eos, max_len=max_len, discounts=discounts, mesh=mesh)
+
+    @classmethod
+    def from_table(
+        cls,
+        table: ArrayLike,
+        context_keys: Sequence[ArrayLike],
+        *,
+        order: int,
+        vocab_size: int,
+        eos: int | None,
+        max_len: int,
+        discounts: Sequence[float],
+        mesh: Mesh | None = None,
+    ) -> "NGramLM":
+        """The model of a dense table (the storage of model files written before sparse tables):
+        ``table`` float32[R, V] full log-prob rows of every seen context of every order, and per
+        context length ``k`` its sorted base-``(V + 1)`` keys (oldest token most significant)."""
+        v = check_int(vocab_size, "vocab_size", minimum=1)
+        order = check_int(order, "order", minimum=1)
+        table = np.asarray(table, np.float32)
+        old = [np.asarray(k, np.int64) for k in context_keys]
+        if table.ndim != 2 or table.shape[1] != v or len(old) != order or sum(k.size for k in old) != table.shape[0]:
+            raise ValueError(
+                f"table must be float[R, vocab_size={v}] with one row per key of {order} key arrays, got "
+                f"shape {table.shape} and {len(old)} arrays of {sum(k.size for k in old)} keys"
+            )
+        probs = np.exp(np.minimum(table.astype(np.float64), 0.0))
+        offset, levels = 0, []
+        pos = np.zeros(1, np.int64)  # old index -> new index of the contexts one length down
+        for k, keys in enumerate(old):
+            rows = probs[offset : offset + keys.size]
+            offset += keys.size
+            if k == 0:
+                new_keys, perm = np.zeros(1, np.int64), np.zeros(1, np.int64)
+            else:
+                head = (v + 1) ** (k - 1)
+                new_keys = pos[np.searchsorted(old[k - 1], keys % head)] * (v + 1) + keys // head
+                perm = np.argsort(new_keys, kind="stable")
+                new_keys = new_keys[perm]
+            pos = np.empty_like(perm)
+            pos[perm] = np.arange(perm.size)
+            rows = rows[perm]
+            nz = rows > 0
+            ptr = np.zeros(keys.size + 1, np.int64)
+            np.cumsum(nz.sum(axis=1), out=ptr[1:])
+            r, tok = np.nonzero(nz)
+            # a dense row is the whole distribution: nothing backs off (gamma 0)
+            levels.append(NGramLevel(new_keys, np.zeros(keys.size), ptr, tok.astype(np.int32), rows[r, tok]))
+        return cls(levels, order=order, vocab_size=v, eos=eos, max_len=max_len, discounts=discounts, mesh=mesh)
 
     # ---- lookups ----------------------------------------------------------------------------
 
-    def _rows(self, windows: np.ndarray) -> np.ndarray:
-        """int32[...] table rows for context windows ``int64[..., order-1]`` (BOS-padded):
-        the row of the longest suffix seen in training."""
-        base = self.vocab_size + 1
+    def _chain(self, windows: np.ndarray) -> np.ndarray:
+        """int64[M, order]: for context windows ``int64[M, order-1]`` (oldest first, BOS-padded),
+        the index of the seen context of each length ``0..order-1`` (-1 past the longest seen)."""
+        m = windows.shape[0]
+        v1 = self.vocab_size + 1
         k_top = self.order - 1
-        rows = np.full(windows.shape[:-1], -1, np.int64)
-        for k in range(k_top, -1, -1):
-            keys = self._keys[k]
-            q = _encode(windows[..., k_top - k :], base)
+        chain = np.full((m, self.order), -1, np.int64)
+        chain[:, 0] = 0
+        cur = np.zeros(m, np.int64)
+        alive = np.ones(m, bool)
+        for k in range(1, self.order):
+            keys = self.levels[k].keys
+            if not alive.any() or keys.size == 0:
+                break
+            q = cur * v1 + windows[:, k_top - k]
             idx = np.minimum(np.searchsorted(keys, q), keys.size - 1)
-            hit = (keys[idx] == q) & (rows < 0)
-            rows[hit] = self._offsets[k] + idx[hit]
-        return rows.astype(np.int32)
+            alive &= keys[idx] == q
+            cur = np.where(alive, idx, 0)
+            chain[alive, k] = idx[alive]
+        return chain
+
+    def _coefs(self, chain: np.ndarray) -> np.ndarray:
+        """float64[M, order]: the weight of each level's terms (0 past the longest seen); the
+        base row's weight is column 0."""
+        coef = np.zeros(chain.shape, np.float64)
+        running = np.ones(chain.shape[0])
+        for k in range(self.order - 1, -1, -1):
+            seen = chain[:, k] >= 0
+            coef[:, k] = np.where(seen, running, 0.0)
+            if k > 0:
+                g = self.levels[k].gamma[np.where(seen, chain[:, k], 0)]
+                running = np.where(seen, running * g, running)
+        return coef
+
+    def _probs(self, chain: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """float64[M]: ``P(words[i] | context i)``."""
+        coef = self._coefs(chain)
+        p = coef[:, 0] * self.base_row[words]
+        v = self.vocab_size
+        for k in range(1, self.order):
+            seen = np.flatnonzero(chain[:, k] >= 0)
+            ek = self._ekeys[k]
+            if seen.size == 0 or ek.size == 0:
+                continue
+            q = chain[seen, k] * v + words[seen]
+            idx = np.minimum(np.searchsorted(ek, q), ek.size - 1)
+            hit = ek[idx] == q
+            p[seen[hit]] += coef[seen[hit], k] * self.levels[k].val[idx[hit]]
+        return p
+
+    def _dense(self, chain: np.ndarray) -> np.ndarray:
+        """float32[M, V]: log-prob rows of the contexts ``chain`` (built in blocks)."""
+        m, v = chain.shape[0], self.vocab_size
+        out = np.empty((m, v), np.float32)
+        per = max(1, ROW_CELLS // max(v, 1))
+        for lo in range(0, m, per):
+            ch = chain[lo : lo + per]
+            coef = self._coefs(ch)
+            rows = coef[:, :1] * self.base_row[None, :]
+            for k in range(1, self.order):
+                seen = np.flatnonzero(ch[:, k] >= 0)
+                if seen.size == 0:
+                    continue
+                lv = self.levels[k]
+                start, stop = lv.ptr[ch[seen, k]], lv.ptr[ch[seen, k] + 1]
+                idx = _ranges(start, stop - start)
+                who = np.repeat(seen, stop - start)
+                rows[who, lv.tok[idx]] += coef[who, k] * lv.val[idx]  # one term per (row, token)
+            with np.errstate(divide="ignore"):
+                out[lo : lo + per] = np.minimum(np.log(rows), 0.0)
+        return out
 
     def _windows(self, batch: SequenceBatch, width: int) -> np.ndarray:
         """int64[N, width, order-1]: the BOS-padded context before each of positions 0..width-1
@@ -222,6 +406,11 @@ class NGramLM(DeviceBatched):
     def _width(self, length: int) -> int:
         return min(bucket_size(max(length, 1), 8), self.max_len)
 
+    def _position_chain(self, batch: SequenceBatch, width: int) -> np.ndarray:
+        """int64[N, width, order]: the context chain before every position."""
+        win = self._windows(batch, width)
+        return self._chain(win.reshape(batch.size * width, self.order - 1)).reshape(batch.size, width, self.order)
+
     def step_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W]``: each token's log-prob given its prefix (padding
         entries meaningless)."""
@@ -230,28 +419,36 @@ class NGramLM(DeviceBatched):
         width = self._width(int(batch.lengths.max(initial=0)))
         if batch.size == 0:
             return batch, np.zeros((0, width), np.float32)
-        rows = self._rows(self._windows(batch, width))
-        targets = np.zeros((batch.size, width), np.int32)
+        chain = self._position_chain(batch, width)
+        targets = np.zeros((batch.size, width), np.int64)
         t = min(width, batch.tokens.shape[1])
         targets[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
-        return batch, self._chunked(_gather_steps, rows, targets)
+        p = self._probs(chain.reshape(-1, self.order), targets.reshape(-1))
+        with np.errstate(divide="ignore"):
+            lps = np.minimum(np.log(p), 0.0).astype(np.float32)
+        return batch, lps.reshape(batch.size, width)
 
     def frontier_stats(
         self, seqs: Sequences, top_m: int
     ) -> tuple[SequenceBatch, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The batch, steps float32[N, W], each position's top-m log-probs float32[N, W, m] and
-        ids int32[N, W, m], and eos log-probs float32[N, W]: table lookups, the top-m of each table
-        row computed once per ``top_m``."""
+        ids int32[N, W, m], and eos log-probs float32[N, W]: rows built at the real positions."""
         batch, steps = self.step_logprobs(seqs)
-        width = steps.shape[1]
-        rows = self._rows(self._windows(batch, width)) if batch.size else np.zeros((0, width), np.int32)
-        if top_m not in self._top_m:
-            vals, ids = _table_top_m(self.params, top_m)
-            self._top_m[top_m] = (np.asarray(vals), np.asarray(ids))
-        vals, ids = self._top_m[top_m]
-        eos = np.zeros((batch.size, width), np.int32) + (0 if self.eos is None else self.eos)
-        eos_lps = self._chunked(_gather_steps, rows, eos) if batch.size else np.zeros((0, width), np.float32)
-        return batch, steps, vals[rows], ids[rows], eos_lps
+        n, width = steps.shape
+        vals = np.full((n, width, top_m), -np.inf, np.float32)
+        ids = np.zeros((n, width, top_m), np.int32)
+        eos_lps = np.zeros((n, width), np.float32)
+        if n:
+            chain = self._position_chain(batch, width)
+            r, c = np.nonzero(np.arange(width)[None, :] < batch.lengths[:, None])
+            per = max(1, ROW_CELLS // max(self.vocab_size, 1))
+            for lo in range(0, r.size, per):
+                rr, cc = r[lo : lo + per], c[lo : lo + per]
+                rows = self._dense(chain[rr, cc])
+                vals[rr, cc], ids[rr, cc] = host_top_m(rows, top_m)
+                if self.eos is not None:
+                    eos_lps[rr, cc] = rows[:, self.eos]
+        return batch, steps, vals, ids, eos_lps
 
     def position_logprobs(self, seqs: Sequences) -> tuple[SequenceBatch, np.ndarray]:
         """The batch and ``float32[N, W, V]``: next-token log-probs before each position."""
@@ -260,7 +457,8 @@ class NGramLM(DeviceBatched):
         width = self._width(int(batch.lengths.max(initial=0)))
         if batch.size == 0:
             return batch, np.zeros((0, width, self.vocab_size), np.float32)
-        return batch, self._chunked(_gather_rows, self._rows(self._windows(batch, width)))
+        chain = self._position_chain(batch, width)
+        return batch, self._dense(chain.reshape(-1, self.order)).reshape(batch.size, width, self.vocab_size)
 
     def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]`` log-prob rows after each prefix.
@@ -277,7 +475,7 @@ class NGramLM(DeviceBatched):
         padded = np.full((batch.size, k_top + prefixes.shape[1]), self.vocab_size, np.int64)
         padded[:, k_top:] = np.where(batch.mask, prefixes, 0)
         window = np.take_along_axis(padded, lengths[:, None] + np.arange(k_top)[None, :], axis=1)
-        return self._chunked(_gather_rows, self._rows(window))
+        return self._dense(self._chain(window))
 
 
 def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights):
@@ -285,10 +483,8 @@ def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights)
     vocab_size = check_int(vocab_size, "vocab_size", minimum=1)
     eos = check_int(eos, "eos", minimum=0, maximum=vocab_size, allow_none=True)
     max_len = check_int(max_len, "max_len", minimum=1, allow_none=True)
-    if (vocab_size + 1) ** order >= 2**62:
-        raise ValueError(
-            f"(vocab_size + 1) ** order = {vocab_size + 1}**{order} overflows the int64 context keys"
-        )
+    if order > MAX_ORDER:
+        raise ValueError(f"order must be an integer in [1, {MAX_ORDER}], got {order}")
     if discount is not None and (
         isinstance(discount, (bool, np.bool_))
         or not isinstance(discount, numbers.Real)

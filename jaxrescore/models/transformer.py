@@ -120,6 +120,12 @@ def _dropout(x, rate, key):
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
+def _table(embed) -> jax.Array:
+    """The whole table of an embedding module (the int8 twin's ``QEmbed`` dequantises it)."""
+    table = getattr(embed, "table", None)
+    return table() if callable(table) else embed.embedding[...]
+
+
 def sinusoidal_table(length: int, d: int) -> np.ndarray:
     """float32[length, d]: the fixed sin/cos position encodings."""
     pos = np.arange(length)[:, None]
@@ -133,17 +139,17 @@ def sinusoidal_table(length: int, d: int) -> np.ndarray:
 class _Block(nnx.Module):
     """Pre-LayerNorm block: causal multi-head self-attention, then a GELU MLP."""
 
-    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs, linear=nnx.Linear):
         d = cfg.d_model
         self.n_heads = cfg.n_heads
         self.rate = cfg.dropout
         kw = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
         self.ln1 = nnx.LayerNorm(d, **kw)
-        self.qkv = nnx.Linear(d, 3 * d, **kw)
-        self.out = nnx.Linear(d, d, **kw)
+        self.qkv = linear(d, 3 * d, **kw)
+        self.out = linear(d, d, **kw)
         self.ln2 = nnx.LayerNorm(d, **kw)
-        self.ff1 = nnx.Linear(d, cfg.ff_width, **kw)
-        self.ff2 = nnx.Linear(cfg.ff_width, d, **kw)
+        self.ff1 = linear(d, cfg.ff_width, **kw)
+        self.ff2 = linear(cfg.ff_width, d, **kw)
 
     def __call__(self, x, key=None):
         b, t, d = x.shape
@@ -191,23 +197,24 @@ class _Block(nnx.Module):
 
 
 class TransformerModule(nnx.Module):
-    """The nnx network: ``tokens int32[B, T]`` (BOS id ``V`` first) -> ``logits float32[B, T, V]``."""
+    """The nnx network: ``tokens int32[B, T]`` (BOS id ``V`` first) -> ``logits float32[B, T, V]``.
+    ``linear`` and ``embed`` build its dense layers and tables (the int8 twin passes its own)."""
 
-    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs, linear=nnx.Linear, embed=nnx.Embed):
         self.rate = cfg.dropout
         self.max_len = cfg.max_len
         kw = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
-        self.embed = nnx.Embed(cfg.vocab_size + 1, cfg.d_model, **kw)
+        self.embed = embed(cfg.vocab_size + 1, cfg.d_model, **kw)
         # Sinusoidal tables are trace-time constants, so they never become trainable weights.
-        self.pos = nnx.Embed(cfg.max_len, cfg.d_model, **kw) if cfg.positions == "learned" else None
-        self.blocks = nnx.List([_Block(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.pos = embed(cfg.max_len, cfg.d_model, **kw) if cfg.positions == "learned" else None
+        self.blocks = nnx.List([_Block(cfg, rngs, linear) for _ in range(cfg.n_layers)])
         self.ln_f = nnx.LayerNorm(cfg.d_model, **kw)
-        self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, **kw)
+        self.head = linear(cfg.d_model, cfg.vocab_size, **kw)
 
     def __call__(self, tokens, key=None):
         t = tokens.shape[1]
         d = self.ln_f.num_features
-        pos = self.pos.embedding[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
+        pos = _table(self.pos)[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
         x = self.embed(tokens)
         x = x + pos[None].astype(x.dtype)
         n = len(self.blocks) + 1
@@ -237,7 +244,7 @@ class TransformerModule(nnx.Module):
         w = tokens.shape[1]
         pos = ctx_len + start[:, None] + jnp.arange(w)[None, :]
         if self.pos is not None:
-            table = self.pos.embedding
+            table = _table(self.pos)
         else:
             table = jnp.asarray(sinusoidal_table(self.max_len, self.ln_f.num_features))
         # positions past the table exist only for padding tokens: clip, never NaN
