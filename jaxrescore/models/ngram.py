@@ -42,6 +42,9 @@ from jaxrescore.typing import ArrayLike, Sequences
 MAX_ORDER = 16
 # Cells (rows x V) of dense float64 rows built at once: bounds the temporaries of a row query.
 ROW_CELLS = 1 << 22
+# Up to this many cells (contexts x V), the full float32 row of every seen context is also
+# materialised once (a cache, like the dense tables of old): a lookup is then one gather.
+DENSE_CELLS = 1 << 24
 
 
 class NGramLevel(NamedTuple):
@@ -134,6 +137,8 @@ class NGramLM(DeviceBatched):
         lv0 = levels[0]
         base[lv0.tok[lv0.ptr[0] : lv0.ptr[1]]] += lv0.val[lv0.ptr[0] : lv0.ptr[1]]
         self.base_row = base
+        self._table = None  # the dense cache (see DENSE_CELLS), built on first use
+        self._offsets = np.cumsum([0] + [lv.keys.size for lv in levels])[:-1]
         # the entry key ctx * V + tok of every term, sorted (CSR order): one searchsorted per step
         self._ekeys = [
             np.repeat(np.arange(lv.keys.size, dtype=np.int64), np.diff(lv.ptr)) * self.vocab_size + lv.tok
@@ -343,6 +348,27 @@ class NGramLM(DeviceBatched):
             chain[alive, k] = idx[alive]
         return chain
 
+    def _dense_table(self) -> np.ndarray | None:
+        """float32[contexts, V]: every seen context's row (None past ``DENSE_CELLS``)."""
+        if self._table is None:
+            if self.n_contexts * self.vocab_size > DENSE_CELLS:
+                return None
+            chains, prev = [], None
+            for k, lv in enumerate(self.levels):
+                ch = np.full((lv.keys.size, self.order), -1, np.int64)
+                ch[:, k] = np.arange(lv.keys.size)
+                if k:
+                    ch[:, :k] = prev[lv.keys // (self.vocab_size + 1), :k]
+                chains.append(ch)
+                prev = ch
+            self._table = self._sparse_rows(np.concatenate(chains))
+        return self._table
+
+    def _row_ids(self, chain: np.ndarray) -> np.ndarray:
+        """int64[M]: the dense-table row of each context chain (its longest seen context)."""
+        depth = (chain >= 0).sum(axis=1) - 1
+        return self._offsets[depth] + chain[np.arange(chain.shape[0]), depth]
+
     def _coefs(self, chain: np.ndarray) -> np.ndarray:
         """float64[M, order]: the weight of each level's terms (0 past the longest seen); the
         base row's weight is column 0."""
@@ -358,6 +384,9 @@ class NGramLM(DeviceBatched):
 
     def _probs(self, chain: np.ndarray, words: np.ndarray) -> np.ndarray:
         """float64[M]: ``P(words[i] | context i)``."""
+        table = self._dense_table()
+        if table is not None:
+            return np.exp(table[self._row_ids(chain), words].astype(np.float64))
         coef = self._coefs(chain)
         p = coef[:, 0] * self.base_row[words]
         v = self.vocab_size
@@ -373,7 +402,14 @@ class NGramLM(DeviceBatched):
         return p
 
     def _dense(self, chain: np.ndarray) -> np.ndarray:
-        """float32[M, V]: log-prob rows of the contexts ``chain`` (built in blocks)."""
+        """float32[M, V]: log-prob rows of the contexts ``chain``."""
+        table = self._dense_table()
+        if table is not None:
+            return table[self._row_ids(chain)]
+        return self._sparse_rows(chain)
+
+    def _sparse_rows(self, chain: np.ndarray) -> np.ndarray:
+        """:meth:`_dense` from the sparse levels, in blocks of ``ROW_CELLS`` cells."""
         m, v = chain.shape[0], self.vocab_size
         out = np.empty((m, v), np.float32)
         per = max(1, ROW_CELLS // max(v, 1))
