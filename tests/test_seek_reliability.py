@@ -583,7 +583,7 @@ def test_version_2_files_load_and_are_rechecked(tmp_path):
         SeekIndex.load(path, model)
     index.save(path)
     _rewrite(path, lambda h, a: h.update(version=1))
-    with pytest.raises(ValueError, match="version 1.*reads versions 2 and 3"):
+    with pytest.raises(ValueError, match="version 1.*reads versions 2, 3, 4"):
         SeekIndex.load(path, model)
 
 

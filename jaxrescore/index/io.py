@@ -9,7 +9,9 @@ a different first next-token table, or different tables at up to ``CHECK_ROWS`` 
 spread over the depths (re-evaluated in one model call). A model that differs only at prefixes
 outside that sample still loads: the check is a sample, not a proof.
 
-Versions: this writes version 3 and reads 3 and 2. In version 3 the header's ``dropped`` (the
+Versions: this writes version 4 and reads 4, 3 and 2. Version 4 adds the sparse rows of a wide
+vocabulary (``sparse_ids``, ``sparse_ptr``, ``sparse_tok``, ``sparse_val``, ``sparse_rest``: see
+:mod:`jaxrescore.index.rows`) beside the whole rows (``row_ids``, ``rows``). In version 3 the header's ``dropped`` (the
 ``dropped_upper`` bound) is an exact int below 2**63 or the repr of a float upper bound (``inf``
 included), so a ``branch_cap`` index over a wide, long model saves (Python cannot print an int past
 4,300 digits). A version-2 file gets its frontier recomputed from its kept rows and is refused if it
@@ -37,8 +39,9 @@ FORMAT = "jaxrescore.SeekIndex"
 # 2: max_len cuts kept apart from branch_cap drops. 3: "dropped" is an int below 2**63 or a float
 # upper bound (it had no size limit and could not be written past 4,300 digits); bucket arithmetic
 # that saturates instead of overflowing (see quantize.py), so a version-2 file is re-checked on load.
-VERSION = 3
+VERSION = 4
 PREVIOUS = 2  # still read (and re-checked)
+WHOLE_ROWS = 3  # still read: whole rows only
 # Root rows agree if every finite log-prob matches within this (float32 forwards on other hardware).
 ROOT_ATOL = 1e-4
 # Stored next-token rows re-checked against the model on load.
@@ -62,12 +65,15 @@ def save_index(index, path) -> None:
     """Write ``index`` to ``path`` (temp file in the same folder, then ``os.replace``)."""
     path = os.fspath(path)
     nodes = index._nodes.export()
-    width = max([r.shape[1] for r in index._rows], default=0)
-    padded = [np.pad(r, ((0, 0), (0, width - r.shape[1])), constant_values=-np.inf) for r in index._rows]
-    rows = np.concatenate(padded) if padded else np.zeros((0, 0), np.float32)
+    index._consolidate_rows()
+    dense = [c for c in index._chunks if not c.sparse]
+    sparse = [c for c in index._chunks if c.sparse]
     arrays = {f"node_{k}": v for k, v in nodes.items()}
-    arrays["row_ids"] = np.concatenate(index._row_ids) if index._row_ids else np.zeros(0, np.int64)
-    arrays["rows"] = rows
+    arrays["row_ids"] = dense[0].ids if dense else np.zeros(0, np.int64)
+    arrays["rows"] = dense[0].dense if dense else np.zeros((0, 0), np.float32)
+    if sparse:
+        c = sparse[0]
+        arrays.update(sparse_ids=c.ids, sparse_ptr=c.ptr, sparse_tok=c.tok, sparse_val=c.val, sparse_rest=c.rest)
     arrays["root_row"] = index._root_row if index._root_row is not None else np.zeros(0, np.float32)
     header = {
         "format": FORMAT,
@@ -137,10 +143,11 @@ def _read(path: str, max_bytes: int | None = None) -> tuple[dict, dict]:
         raise ValueError(f"{path} is not a readable SeekIndex file (corrupted or truncated): {e}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not a SeekIndex file (format {header.get('format')!r})")
-    if header.get("version") not in (PREVIOUS, VERSION):
+    reads = (PREVIOUS, WHOLE_ROWS, VERSION)
+    if header.get("version") not in reads:
         raise ValueError(
             f"{path} has SeekIndex format version {header.get('version')!r}; this reads versions "
-            f"{PREVIOUS} and {VERSION}"
+            f"{', '.join(map(str, reads))}"
         )
     stored = header.pop("checksum", None)
     if stored != _checksum(header, arrays):
@@ -210,10 +217,20 @@ def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=No
                 f"SeekIndex.load({path!r}): it holds {index._nodes.n:,} prefix-tree nodes, over "
                 f"max_nodes={max_nodes:,}. Pass a larger max_nodes to load it."
             )
-        index._row_ids = [arrays["row_ids"].astype(np.int64)]
-        index._rows = [arrays["rows"].astype(np.float32)]
-        index._n_rows = int(index._row_ids[0].size)
-        index._width = int(index._rows[0].shape[1])
+        from jaxrescore.index.rows import RowChunk
+
+        chunks = [RowChunk(arrays["row_ids"].astype(np.int64), dense=arrays["rows"].astype(np.float32))]
+        if "sparse_ids" in arrays:
+            chunks.append(RowChunk(
+                arrays["sparse_ids"].astype(np.int64), ptr=arrays["sparse_ptr"].astype(np.int64),
+                tok=arrays["sparse_tok"].astype(np.int32), val=arrays["sparse_val"].astype(np.float32),
+                rest=arrays["sparse_rest"].astype(np.float32),
+            ))
+            if chunks[1].ptr.shape != (chunks[1].size + 1,) or int(chunks[1].ptr[-1]) != chunks[1].tok.size:
+                raise IndexError("sparse rows with inconsistent offsets")
+        index._chunks = [c for c in chunks if c.size]
+        index._n_rows = int(sum(c.size for c in index._chunks))
+        index._width = max([c.width for c in index._chunks], default=0)
         index._root_row = arrays["root_row"] if arrays["root_row"].size else None
         index._budget = int(header["budget"])
         index._frontier_min = int(header["frontier_min"])
@@ -259,17 +276,31 @@ def _check_buckets(path: str, header: dict, index) -> None:
 def _check_sampled_rows(path: str, index, model) -> None:
     """Re-ask ``model`` for up to ``CHECK_ROWS`` stored next-token rows, spread over the build order
     (so over depths), in one call: a draft that merely agrees at the root is refused too."""
-    ids, rows = index._row_ids[0], index._rows[0]
+    for chunk in index._chunks:
+        _check_chunk(path, index, model, chunk)
+
+
+def _check_chunk(path: str, index, model, chunk) -> None:
+    ids = chunk.ids
     if ids.size == 0:
         return
     pick = np.unique(np.linspace(0, ids.size - 1, min(CHECK_ROWS, ids.size)).astype(np.int64))
+    if chunk.sparse:  # the kept cells, at their tokens
+        mask = np.zeros(ids.size, bool)
+        mask[pick] = True
+        part = chunk.select(mask)
+        r, tok, val = part.all_cells()
+        rows = np.full((pick.size, max(part.width, 1)), -np.inf, np.float32)
+        rows[r, tok] = val
+    else:
+        rows = chunk.dense[pick]
     toks, lens = index.decode(ids[pick])
     prefixes = np.zeros((bucket_size(pick.size), bucket_size(max(toks.shape[1], 1))), np.int32)
     prefixes[: pick.size, : toks.shape[1]] = toks
     lengths = np.zeros(prefixes.shape[0], np.int32)
     lengths[: pick.size] = lens
     now = np.asarray(model.next_logprobs(prefixes, lengths), np.float64)[: pick.size]
-    saved = rows[pick].astype(np.float64)
+    saved = rows.astype(np.float64)
     width = min(now.shape[1], saved.shape[1])
     kept = np.isfinite(saved[:, :width])  # cut cells were stored as -inf; compare the rest
     if not np.allclose(now[:, :width][kept], saved[:, :width][kept], rtol=0, atol=ROOT_ATOL):

@@ -31,8 +31,16 @@ the sequences of the smallest sufficient budget (at most one bucket's worth more
 flat, peaked and random drafts tests/test_seek_reliability.py checks at most 4x the sequences of
 the smallest budget that holds ``n`` (measured: at most 2x).
 
+Rows. A wide vocabulary (``row_storage="auto"``: V > ``DENSE_ROW_VOCAB``; or ``"sparse"``) keeps
+each expanded prefix's row sparse (:mod:`jaxrescore.index.rows`): the cells whose child could enter
+within ``KEEP_MARGIN_BITS`` (or half the budget) beyond the budget, and a bound on the rest. Memory
+then grows with the sequences indexed, not with V. The bound keeps the frontier (and so
+``bucket_bound``) sound, and a deepening whose budget reaches a row's bound runs the model on that
+prefix again before admitting its children (counted in ``forwards``).
+
 Limits. ``max_bytes`` (default :func:`default_max_bytes`) and ``max_nodes`` cap the index's size,
-counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept next-token row. Every
+counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept whole row (a sparse
+row: 8 bytes per kept cell and 12 more; rows yet to come are charged the average so far). Every
 admission of children is checked against them before anything is allocated (the children admitted,
 and the rows their expansion will need); a request whose prediction is more than
 ``PREFLIGHT_FACTOR`` times over is refused before building at all. Either way
@@ -67,6 +75,7 @@ import threading
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxrescore.index.rows import RowChunk
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.checked import check_protocol, model_rows
 from jaxrescore.quantize import LN2, MAX_BUDGET_BITS, NO_BUCKET, TOL, Quantizer
@@ -80,6 +89,8 @@ PROGRESS_DELAY_S = 1.0
 NODE_BYTES = 64
 # Cells of kept next-token rows examined at once: bounds the temporaries of a scan (~40 B a cell).
 CELL_BLOCK = 1 << 20
+# Cells (prefixes x V) of whole rows one model call may return: bounds a call at a wide vocabulary.
+ROW_CELLS = 1 << 24
 # A deepening predicted to need more than this many times max_bytes/max_nodes is refused before
 # building; one predicted within it is attempted, and the exact checks stop it if it does not fit
 # (the prediction is an estimate, so a near miss is not refused on its word alone).
@@ -99,6 +110,12 @@ SAMPLE_CELLS = 1 << 20
 _PRED_CAP = 1e30
 # Ranks at or beyond this never fit any index (int64 positions).
 _MAX_RANK = 1 << 62
+# row_storage="auto" keeps whole rows up to this vocabulary, sparse rows beyond (see rows.py).
+DENSE_ROW_VOCAB = 1024
+# A sparse row keeps the cells whose child could enter within this many bits beyond the budget
+# built (or half the budget, if more): a deepening within that margin needs no new forward.
+KEEP_MARGIN_BITS = 8.0
+ROW_STORAGE = ("auto", "dense", "sparse")
 
 
 def default_max_bytes() -> int:
@@ -245,6 +262,8 @@ class SeekIndex:
         whose parent's cache is held costs one token position. None: the session's default
         (1 GiB, or a sixteenth of physical memory if less); 0: every row is a full forward.
         Caches live on the model's device, outside ``max_bytes``.
+      row_storage: ``"auto"`` (whole rows up to V = ``DENSE_ROW_VOCAB``, sparse beyond),
+        ``"dense"`` or ``"sparse"``: how expanded prefixes' next-token rows are kept (see "Rows").
 
     Counters: ``forwards`` (model rows evaluated, padding excluded), ``builds`` (build passes),
     ``positions`` (token positions those rows cost: one per row whose parent's cache was held,
@@ -267,10 +286,14 @@ class SeekIndex:
         max_nodes: int | None = None,
         max_bytes: int | None = None,
         decode_cache_bytes: int | None = None,
+        row_storage: str = "auto",
     ):
         self.decode_cache_bytes = None if decode_cache_bytes is None else _int_arg(
             decode_cache_bytes, "decode_cache_bytes", minimum=0
         )
+        if row_storage not in ROW_STORAGE:
+            raise ValueError(f"row_storage must be one of {ROW_STORAGE}, got {row_storage!r}")
+        self.row_storage = row_storage
         self._setup(
             model,
             Quantizer(bin_width_bits, oversample),
@@ -325,8 +348,7 @@ class SeekIndex:
         self._session = None  # the DecodingSession of incremental models (built on first use)
         self._nodes = _Nodes()
         self._budget = -1  # deepest fine bucket admitted; -1 = nothing built yet
-        self._row_ids: list[np.ndarray] = []  # expanded nodes, chunk by chunk
-        self._rows: list[np.ndarray] = []  # their next-token rows float32[b, V], cut cells at -inf
+        self._chunks: list[RowChunk] = []  # expanded nodes' next-token rows, cut cells at -inf
         self._n_rows = 0  # rows kept, over all chunks
         self._width = 0  # the widest kept row (an inferred vocabulary grows)
         self._pending = 0  # during a pass: live nodes admitted and not yet expanded (rows to come)
@@ -391,8 +413,8 @@ class SeekIndex:
     @_locked
     def nbytes(self) -> int:
         """The index's size as ``max_bytes`` counts it: ``NODE_BYTES`` per node plus ``4 * V`` per
-        kept next-token row."""
-        return self._nodes.n * NODE_BYTES + self._n_rows * self._row_bytes()
+        kept whole next-token row, and the bytes of the sparse rows."""
+        return self._nodes.n * NODE_BYTES + self._rows_bytes()
 
     @_locked
     def bucket_bound(self, n: int, *, length_cuts: bool = True) -> float:
@@ -425,9 +447,29 @@ class SeekIndex:
     def _max_budget(self) -> int:
         return self.quantizer.budget(self.max_depth_bits)
 
-    def _row_bytes(self) -> int:
-        """Bytes of one kept next-token row (the widest seen, or the model's vocabulary)."""
+    def _dense_row_bytes(self) -> int:
+        """Bytes of one kept whole row (the widest seen, or the model's vocabulary)."""
         return 4 * max(int(self.model.vocab_size), self._width, 1)
+
+    def _rows_bytes(self) -> int:
+        """Bytes of the kept rows: whole rows at :meth:`_dense_row_bytes`, sparse ones as stored."""
+        dense = sum(c.size for c in self._chunks if not c.sparse)
+        return dense * self._dense_row_bytes() + sum(c.nbytes for c in self._chunks if c.sparse)
+
+    def _row_bytes(self) -> int:
+        """Bytes charged for one row still to come: a whole row, or (sparse rows) the average
+        kept so far (at least one cell's worth)."""
+        if not self._sparse_rows():
+            return self._dense_row_bytes()
+        sparse = [c for c in self._chunks if c.sparse]
+        n = sum(c.size for c in sparse)
+        return max(20, sum(c.nbytes for c in sparse) // n) if n else 20
+
+    def _sparse_rows(self) -> bool:
+        storage = getattr(self, "row_storage", "auto")
+        if storage == "auto":
+            return int(self.model.vocab_size) > DENSE_ROW_VOCAB
+        return storage == "sparse"
 
     def _capacity(self) -> int:
         """The most sequences any deepening of this index could ever hold (one node each)."""
@@ -552,7 +594,7 @@ class SeekIndex:
         would pass a limit (rows still owed to admitted live nodes included)."""
         nodes = self._nodes.n + new_nodes
         rows = self._n_rows + self._pending + new_live
-        nbytes = nodes * NODE_BYTES + rows * self._row_bytes()
+        nbytes = nodes * NODE_BYTES + self._rows_bytes() + (self._pending + new_live) * self._row_bytes()
         if self.max_nodes is not None and nodes > self.max_nodes:
             limit = f"max_nodes={self.max_nodes:,}"
         elif nbytes > self.max_bytes:
@@ -582,24 +624,15 @@ class SeekIndex:
 
     def _snapshot(self) -> dict:
         names = ("_budget", "_frontier_min", "_cut_min", "_length_cut_min", "_dropped", "forwards", "builds", "positions",
-                 "_root_row", "_seq_id", "_seq_fb", "_seq_lp", "_n_rows")
+                 "_root_row", "_seq_id", "_seq_fb", "_seq_lp", "_n_rows", "_width")
         state = {name: getattr(self, name) for name in names}
         state["n_nodes"] = self._nodes.n
+        state["_chunks"] = list(self._chunks)  # chunks are replaced, never changed in place
         return state
 
     def _restore(self, state: dict) -> None:
         state = dict(state)
         self._nodes.n = state.pop("n_nodes")
-        keep = state["_n_rows"]
-        ids_kept, rows_kept, total = [], [], 0
-        for ids, rows in zip(self._row_ids, self._rows):  # chunks only grow at the end
-            if total >= keep:
-                break
-            take = min(ids.size, keep - total)
-            ids_kept.append(ids if take == ids.size else ids[:take].copy())
-            rows_kept.append(rows if take == ids.size else rows[:take].copy())
-            total += take
-        self._row_ids, self._rows = ids_kept, rows_kept
         self._pending = 0
         for name, value in state.items():
             setattr(self, name, value)
@@ -627,9 +660,10 @@ class SeekIndex:
             self._check_room(0, 1)
             pending[0].append(np.zeros(1, np.int64))
             self._pending = 1
+        self._refresh(budget)
         frontier = NO_BUCKET
-        for ids, rows in zip(list(self._row_ids), list(self._rows)):
-            frontier = min(frontier, self._admit(ids, rows, old, budget, pending))
+        for chunk in list(self._chunks):
+            frontier = min(frontier, self._admit(chunk, old, budget, pending))
         with tqdm(
             unit="rows",
             desc="SeekIndex build",
@@ -642,61 +676,106 @@ class SeekIndex:
                     continue
                 todo = np.concatenate(pending[depth])
                 pending[depth] = []
-                for lo in range(0, todo.size, self.chunk_rows):
-                    ids = todo[lo : lo + self.chunk_rows]
-                    rows = self._cut(ids, depth, self._forward(ids, depth))
-                    self._row_ids.append(ids)
-                    self._rows.append(rows)
-                    self._n_rows += ids.size
-                    self._width = max(self._width, rows.shape[1])
+                for lo in range(0, todo.size, self._rows_per_call()):
+                    ids = todo[lo : lo + self._rows_per_call()]
+                    chunk = self._keep(ids, self._cut(ids, depth, self._forward(ids, depth)), budget)
                     self._pending -= ids.size
-                    frontier = min(frontier, self._admit(ids, rows, -1, budget, pending))
+                    frontier = min(frontier, self._admit(chunk, -1, budget, pending))
                     bar.update(ids.size)
                     bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}", refresh=False)
         self._frontier_min = frontier
         self._budget = budget
         self.builds += 1
 
+    def _rows_per_call(self) -> int:
+        """Prefixes per model call: ``chunk_rows``, fewer for a wide vocabulary (a call's whole
+        rows stay within ``ROW_CELLS`` cells)."""
+        return max(1, min(self.chunk_rows, ROW_CELLS // max(int(self.model.vocab_size), self._width, 1)))
+
+    def _keep(self, ids: np.ndarray, rows: np.ndarray, budget: int) -> RowChunk:
+        """Store fresh rows (after the cuts): whole, or sparse with a bound on the rest."""
+        if self._sparse_rows():
+            scale = self.quantizer.scale
+            keep_hi = budget + max(math.ceil(KEEP_MARGIN_BITS * scale), budget // 2)
+            chunk = RowChunk.sparsify(ids, rows, self._candidates(self._nodes.fb[ids], rows, keep_hi))
+        else:
+            chunk = RowChunk(ids, dense=rows)
+        self._chunks.append(chunk)
+        self._n_rows += ids.size
+        self._width = max(self._width, rows.shape[1])
+        return chunk
+
+    def _refresh(self, budget: int) -> None:
+        """Run the model again on every kept sparse row whose left-out cells could enter within
+        ``budget`` (their bound ``rest`` says so), replacing those rows; nothing else changes."""
+        redo, chunks = [], []
+        for chunk in self._chunks:
+            if chunk.sparse:
+                finite = np.isfinite(chunk.rest)
+                need = np.zeros(chunk.size, bool)
+                if finite.any():
+                    sb = self._step_buckets(chunk.rest[finite])
+                    need[finite] = self._nodes.fb[chunk.ids[finite]] + sb <= budget
+                if need.any():
+                    redo.append(chunk.select(need))
+                    chunk = chunk.select(~need)
+            chunks.append(chunk)
+        if not redo:
+            return
+        self._chunks = [c for c in chunks if c.size]
+        old = RowChunk.concat(redo)
+        self._n_rows -= old.size
+        depth = self._nodes.depth[old.ids]
+        for d in np.unique(depth).tolist():
+            at = old.select(depth == d)
+            for lo in range(0, at.size, self._rows_per_call()):
+                part = at.part(lo, min(lo + self._rows_per_call(), at.size))
+                rows = _agree(part, self._forward(part.ids, d))
+                self._keep(part.ids, self._cut(part.ids, d, rows, count=False), budget)
+
     def _step_buckets(self, rows: np.ndarray) -> np.ndarray:
         """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
         return self.quantizer.step_buckets(np.minimum(rows.astype(np.float64), 0.0))
 
-    def _candidates(self, parent_fb: np.ndarray, rows: np.ndarray, hi: int) -> np.ndarray:
-        """bool[b, V]: the cells whose child bucket may be ``<= hi + 1``, by a float32 compare.
+    def _threshold(self, parent_fb: np.ndarray, hi: int) -> np.ndarray:
+        """float32[b]: a log-prob below which no step fits a child bucket ``<= hi + 1``.
 
         A step fits a remaining budget ``R`` only if its log-prob exceeds ``-(R + 1) / scale * ln 2``;
         the threshold for ``R + 1`` (to see the first bucket beyond too), lowered a little more
         against float32 rounding, keeps every such cell (and a few more, bucketed exactly later)."""
         thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
-        thr = np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
-        return rows >= thr[:, None]
+        return np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
 
-    def _admit(self, ids, rows, lo: int, hi: int, pending) -> int:
-        """Append the children of nodes ``ids`` (next-token rows ``rows: float32[b, V]``) whose
-        bucket lies in ``(lo, hi]``, in row-major order (by parent, then token); queue the live ones
-        in ``pending`` by depth. Returns the smallest bucket of a finite child beyond ``hi``.
+    def _candidates(self, parent_fb: np.ndarray, rows: np.ndarray, hi: int) -> np.ndarray:
+        """bool[b, V]: the cells whose child bucket may be ``<= hi + 1``, by a float32 compare."""
+        return rows >= self._threshold(parent_fb, hi)[:, None]
+
+    def _admit(self, chunk: RowChunk, lo: int, hi: int, pending) -> int:
+        """Append the children of the chunk's nodes whose bucket lies in ``(lo, hi]``, in row-major
+        order (by parent, then token); queue the live ones in ``pending`` by depth. Returns the
+        smallest bucket of a finite child beyond ``hi`` (a sparse row's left-out cells included,
+        through its bound).
 
         Rows go in blocks of about ``CELL_BLOCK`` cells, so the temporaries stay small; each block's
         children are checked against the limits before they are added."""
         frontier = NO_BUCKET
-        per = max(1, CELL_BLOCK // max(rows.shape[1], 1))
-        for s in range(0, ids.size, per):
-            frontier = min(frontier, self._admit_block(ids[s : s + per], rows[s : s + per], lo, hi, pending))
+        per = max(1, CELL_BLOCK // max(chunk.width if not chunk.sparse else 1, 1))
+        for s in range(0, chunk.size, per):
+            frontier = min(frontier, self._admit_block(chunk.part(s, min(s + per, chunk.size)), lo, hi, pending))
         return frontier
 
-    def _admit_block(self, ids, rows, lo: int, hi: int, pending) -> int:
+    def _admit_block(self, chunk: RowChunk, lo: int, hi: int, pending) -> int:
         """:meth:`_admit` for one block. Only cells that can fit are bucketed exactly; when no
         candidate lands in bucket ``hi + 1``, the best cell left out gives the frontier."""
         nd = self._nodes
+        ids = chunk.ids
         parent_fb = nd.fb[ids]
-        cand = self._candidates(parent_fb, rows, hi)
-        r, tok = np.divmod(np.flatnonzero(cand), rows.shape[1])
-        raw = rows[r, tok]
+        r, tok, raw, below = chunk.cells(self._threshold(parent_fb, hi))
         fb = parent_fb[r] + self._step_buckets(raw)
         over = fb > hi
         frontier = int(fb[over].min()) if over.any() else NO_BUCKET
         if frontier > hi + 1:  # the first bucket beyond is empty here: look at the rest
-            best_out = np.where(cand, np.float32(-np.inf), rows).max(axis=1)
+            best_out = below()
             out = np.isfinite(best_out)
             if out.any():
                 frontier = min(frontier, int((parent_fb[out] + self._step_buckets(best_out[out])).min()))
@@ -781,10 +860,11 @@ class SeekIndex:
             self._session = held
         return held[1]
 
-    def _cut(self, ids: np.ndarray, depth: int, rows: np.ndarray) -> np.ndarray:
+    def _cut(self, ids: np.ndarray, depth: int, rows: np.ndarray, count: bool = True) -> np.ndarray:
         """Apply ``branch_cap`` and the ``max_len`` cut of a terminating model to fresh rows: the cut
         cells become -inf (so deepening never admits them) and their buckets feed ``_cut_min``
-        (branch_cap) and ``_length_cut_min`` (max_len)."""
+        (branch_cap) and ``_length_cut_min`` (max_len); ``count=False`` (rows computed again)
+        only cuts, as those cells were counted the first time."""
         width = rows.shape[1]
         capped = self.branch_cap is not None and width > self.branch_cap
         at_max_len = self.eos is not None and depth + 1 == self.max_len
@@ -802,10 +882,12 @@ class SeekIndex:
             dropped = np.zeros_like(finite)
             np.put_along_axis(dropped, order, True, axis=1)
             dropped &= finite & ~at_limit
-            self._dropped = _add_upper(self._dropped, self._completions(depth + 1, dropped, width))
+            if count:
+                self._dropped = _add_upper(self._dropped, self._completions(depth + 1, dropped, width))
             cut |= dropped
-        self._cut_min = min(self._cut_min, self._min_bucket(ids, rows, cut))
-        self._length_cut_min = min(self._length_cut_min, self._min_bucket(ids, rows, at_limit))
+        if count:
+            self._cut_min = min(self._cut_min, self._min_bucket(ids, rows, cut))
+            self._length_cut_min = min(self._length_cut_min, self._min_bucket(ids, rows, at_limit))
         cut |= at_limit
         return np.where(cut, np.float32(-np.inf), rows) if cut.any() else rows
 
@@ -833,23 +915,30 @@ class SeekIndex:
         """The smallest bucket of a finite child beyond the budget, recomputed from the kept rows
         (what the build passes track incrementally; used to re-check an older index file)."""
         frontier = NO_BUCKET
-        for ids, rows in zip(self._row_ids, self._rows):
-            per = max(1, CELL_BLOCK // max(rows.shape[1], 1))
-            for s in range(0, ids.size, per):
-                block = rows[s : s + per]
-                fb = self._nodes.fb[ids[s : s + per]][:, None] + self._step_buckets(block)
-                beyond = fb[np.isfinite(block) & (fb > self._budget)]
+        for chunk in self._chunks:
+            per = max(1, CELL_BLOCK // max(chunk.width, 1))
+            for s in range(0, chunk.size, per):
+                part = chunk.part(s, min(s + per, chunk.size))
+                r, _, raw = part.all_cells()
+                fb = self._nodes.fb[part.ids][r] + self._step_buckets(raw)
+                beyond = fb[fb > self._budget]
                 if beyond.size:
                     frontier = min(frontier, int(beyond.min()))
+                if part.sparse and np.isfinite(part.rest).any():
+                    fin = np.isfinite(part.rest)
+                    frontier = min(frontier, int((self._nodes.fb[part.ids[fin]] + self._step_buckets(part.rest[fin])).min()))
         return frontier
 
     def _consolidate_rows(self) -> None:
-        """Merge the kept row chunks into one block (padded to the widest with -inf)."""
-        if len(self._rows) <= 1:
-            return
-        width = max(r.shape[1] for r in self._rows)
-        self._rows = [np.concatenate([_pad_width(r, width) for r in self._rows])]
-        self._row_ids = [np.concatenate(self._row_ids)]
+        """Merge the kept row chunks into one block per kind (whole rows padded to the widest)."""
+        merged = []
+        for sparse in (False, True):
+            same = [c for c in self._chunks if c.sparse == sparse and c.size]
+            if len(same) > 1:
+                merged.append(RowChunk.concat(same))
+            elif same:
+                merged.append(same[0])
+        self._chunks = merged
 
     # -- growth prediction ---------------------------------------------------------------------------
 
@@ -861,49 +950,59 @@ class SeekIndex:
         children (by step bucket) of the kept rows at depth ``d`` (the deepest depth seen for
         deeper ones); a DP over the depths turns that into expected descendants within any
         remaining budget, applied to every child already seen beyond the budget."""
-        if span <= 0 or not self._row_ids:
+        if span <= 0 or not self._chunks:
             return None
         self._consolidate_rows()
-        ids, rows = self._row_ids[0], self._rows[0]
         nd, length, base = self._nodes, self.max_len, self._budget
-        width = rows.shape[1]
-        depth = nd.depth[ids]
-        sampled = np.unique(depth).tolist()
+        width = max(int(self.model.vocab_size), self._width, 1)
+        sampled = np.unique(np.concatenate([nd.depth[c.ids] for c in self._chunks])).tolist()
         per_depth = max(8, SAMPLE_CELLS // max(width * len(sampled), 1))
-        h_all, h_eos = {}, {}
+        h_all = {d: np.zeros(span) for d in sampled}
+        h_eos = {d: np.zeros(span) for d in sampled}
+        n_rows = dict.fromkeys(sampled, 0)
+        for chunk in self._chunks:
+            depth = nd.depth[chunk.ids]
+            for d in np.unique(depth).tolist():
+                where = np.flatnonzero(depth == d)
+                take = where[np.unique(np.linspace(0, where.size - 1, min(where.size, per_depth)).astype(np.int64))]
+                pick = np.zeros(chunk.size, bool)
+                pick[take] = True
+                _, tok, raw = chunk.select(pick).all_cells()
+                sb = self._step_buckets(raw)
+                inside = sb < span
+                h_all[d] += np.bincount(sb[inside], minlength=span)
+                if self.eos is not None:
+                    hit = inside & (tok == self.eos)
+                    h_eos[d] += np.bincount(sb[hit], minlength=span)
+                n_rows[d] += take.size
         for d in sampled:
-            where = np.flatnonzero(depth == d)
-            take = where[np.unique(np.linspace(0, where.size - 1, min(where.size, per_depth)).astype(np.int64))]
-            sb = self._step_buckets(rows[take])
-            h_all[d] = np.bincount(sb[sb < span], minlength=span).astype(np.float64) / take.size
-            if self.eos is not None and self.eos < width:
-                col = sb[:, self.eos]
-                h_eos[d] = np.bincount(col[col < span], minlength=span).astype(np.float64) / take.size
-            else:
-                h_eos[d] = np.zeros(span)
+            h_all[d] /= n_rows[d]
+            h_eos[d] /= n_rows[d]
 
         # children already seen beyond the budget, by (child depth, terminal), over u = fb - base - 1
         seen_t: dict[int, np.ndarray] = {}
         seen_l: dict[int, np.ndarray] = {}
         hi = base + span
-        per = max(1, CELL_BLOCK // max(width, 1))
-        for s in range(0, ids.size, per):
-            bid, brows = ids[s : s + per], rows[s : s + per]
-            pfb = nd.fb[bid]
-            r, tok = np.divmod(np.flatnonzero(self._candidates(pfb, brows, hi)), width)
-            fb = pfb[r] + self._step_buckets(brows[r, tok])
-            inside = (fb > base) & (fb <= hi)
-            if not inside.any():
-                continue
-            r, tok, u = r[inside], tok[inside], fb[inside] - base - 1
-            child = nd.depth[bid[r]] + 1
-            term = child == length if self.eos is None else tok == self.eos
-            for c in np.unique(child).tolist():
-                at = child == c
-                for flag, into in ((True, seen_t), (False, seen_l)):
-                    m = at & (term == flag)
-                    if m.any():
-                        into[c] = into.get(c, 0) + np.bincount(u[m], minlength=span).astype(np.float64)
+        for chunk in self._chunks:
+            per = max(1, CELL_BLOCK // max(chunk.width if not chunk.sparse else 1, 1))
+            for s in range(0, chunk.size, per):
+                part = chunk.part(s, min(s + per, chunk.size))
+                bid = part.ids
+                pfb = nd.fb[bid]
+                r, tok, raw, _ = part.cells(self._threshold(pfb, hi))
+                fb = pfb[r] + self._step_buckets(raw)
+                inside = (fb > base) & (fb <= hi)
+                if not inside.any():
+                    continue
+                r, tok, u = r[inside], tok[inside], fb[inside] - base - 1
+                child = nd.depth[bid[r]] + 1
+                term = child == length if self.eos is None else tok == self.eos
+                for c in np.unique(child).tolist():
+                    at = child == c
+                    for flag, into in ((True, seen_t), (False, seen_l)):
+                        m = at & (term == flag)
+                        if m.any():
+                            into[c] = into.get(c, 0) + np.bincount(u[m], minlength=span).astype(np.float64)
 
         # DP over depths: descendants (sequences, nodes, expanded rows) of a live node at depth d
         need = set(seen_l)
@@ -948,7 +1047,7 @@ class SeekIndex:
             rows_new += np.cumsum(g) + _conv_head(g, xx, span)
         seqs = np.minimum(len(self) + seqs, _PRED_CAP)
         nodes = np.minimum(nd.n + nodes, _PRED_CAP)
-        nbytes = nodes * NODE_BYTES + np.minimum(self._n_rows + rows_new, _PRED_CAP) * self._row_bytes()
+        nbytes = nodes * NODE_BYTES + self._rows_bytes() + np.minimum(rows_new, _PRED_CAP) * self._row_bytes()
         return seqs, nodes, nbytes
 
     # -- the count DP and the order ------------------------------------------------------------------
@@ -1282,14 +1381,6 @@ def _sort_keys(*keys: np.ndarray) -> np.ndarray:
     return np.argsort(packed, kind="stable")
 
 
-def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:
-    if rows.shape[1] == width:
-        return rows
-    out = np.full((rows.shape[0], width), -np.inf, np.float32)
-    out[:, : rows.shape[1]] = rows
-    return out
-
-
 def _conv_head(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` entries of the convolution of ``a`` and ``b`` (float64, non-negative), direct:
     an FFT would bury small counts under the rounding of large ones."""
@@ -1344,6 +1435,18 @@ def _mul_upper(a: int, b: int | float) -> int | float:
     if isinstance(b, int):
         return _as_upper(a * b)
     return float(a) * b * _UP
+
+
+def _agree(kept: RowChunk, rows: np.ndarray) -> np.ndarray:
+    """Fresh whole ``rows`` (float32[b, V]) of the prefixes of sparse ``kept``, made to agree with
+    what the index already did with them: the kept cells keep their stored values (children may be
+    in the index already) and every other cell stays within the stored bound ``rest`` (the frontier
+    already claimed it). A model whose rows move with batch composition (float noise) could
+    otherwise admit a child twice or put one below a budget already built, where it is never seen."""
+    r, tok, val = kept.all_cells()
+    rows = np.minimum(rows, kept.rest[:, None])
+    rows[r, tok] = val
+    return rows
 
 
 def _add_upper(a: int | float, b: int | float) -> int | float:

@@ -1,0 +1,135 @@
+"""The next-token rows a SeekIndex keeps of the prefixes it expanded: dense, or sparse with a bound.
+
+A deepening reads the children a larger budget admits off these rows instead of running the model
+again. A row can be kept whole (``float32[V]``, cells cut by ``branch_cap`` or ``max_len`` at
+``-inf``): 4 V bytes, 200 KB at V=50,257. Or sparse: only the cells whose child could enter
+within a margin beyond the budget (token ids and log-probs, CSR over the chunk's rows), plus
+``rest``, the largest log-prob of every finite cell left out (``-inf`` when none was). A cell left
+out has log-prob ``<= rest``, so its child's bucket is at least the parent's plus the step bucket
+of ``rest``: that bounds what the index cut (its frontier) exactly as a whole row would, and says
+when a deeper budget could admit a left-out child, which makes the index run the model on that
+prefix again (``SeekIndex`` re-expands it) before admitting anything from it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RowChunk:
+    """The kept rows of the expanded nodes ``ids`` (int64[b]), one of two kinds.
+
+    Attributes:
+      ids: int64[b], the nodes.
+      dense: float32[b, W] whole rows (cut cells ``-inf``), or None for a sparse chunk.
+      ptr: int64[b + 1] CSR offsets (sparse), else None.
+      tok: int32[E] token of each kept cell (sparse), else None.
+      val: float32[E] its log-prob (sparse), else None.
+      rest: float32[b] bound on every finite cell left out (sparse; ``-inf``: none), else None.
+    """
+
+    __slots__ = ("ids", "dense", "ptr", "tok", "val", "rest")
+
+    def __init__(self, ids, dense=None, ptr=None, tok=None, val=None, rest=None):
+        self.ids = ids
+        self.dense, self.ptr, self.tok, self.val, self.rest = dense, ptr, tok, val, rest
+
+    @property
+    def sparse(self) -> bool:
+        return self.dense is None
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def width(self) -> int:
+        """The widest row (dense), or one past the largest kept token (sparse)."""
+        if not self.sparse:
+            return int(self.dense.shape[1])
+        return int(self.tok.max()) + 1 if self.tok.size else 0
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.dense,) if not self.sparse else (self.ptr, self.tok, self.val, self.rest)
+        return int(sum(a.nbytes for a in arrays))
+
+    def rows_of_cells(self) -> np.ndarray:
+        """int64[E]: the row of each kept cell (sparse)."""
+        return np.repeat(np.arange(self.size, dtype=np.int64), np.diff(self.ptr))
+
+    def part(self, s: int, e: int) -> "RowChunk":
+        """Rows ``s:e``."""
+        if not self.sparse:
+            return RowChunk(self.ids[s:e], dense=self.dense[s:e])
+        lo, hi = int(self.ptr[s]), int(self.ptr[e])
+        return RowChunk(self.ids[s:e], ptr=self.ptr[s : e + 1] - lo, tok=self.tok[lo:hi], val=self.val[lo:hi],
+                        rest=self.rest[s:e])
+
+    def select(self, keep: np.ndarray) -> "RowChunk":
+        """The rows where ``keep: bool[b]``."""
+        if not self.sparse:
+            return RowChunk(self.ids[keep], dense=self.dense[keep])
+        counts = np.diff(self.ptr)
+        cells = np.repeat(keep, counts)
+        ptr = np.zeros(int(keep.sum()) + 1, np.int64)
+        np.cumsum(counts[keep], out=ptr[1:])
+        return RowChunk(self.ids[keep], ptr=ptr, tok=self.tok[cells], val=self.val[cells], rest=self.rest[keep])
+
+    def cells(self, thr: np.ndarray):
+        """``(rows, tokens, log-probs)`` of every kept cell with log-prob ``>= thr[row]``, row-major,
+        and a function giving each row's largest log-prob BELOW its threshold (the cells left
+        out included, through ``rest``): float32[b], ``-inf`` where there is none."""
+        if not self.sparse:
+            rows = self.dense
+            cand = rows >= thr[:, None]
+            r, tok = np.divmod(np.flatnonzero(cand), rows.shape[1])
+
+            def below():
+                return np.where(cand, np.float32(-np.inf), rows).max(axis=1, initial=-np.inf)
+
+            return r, tok, rows[r, tok], below
+        rr = self.rows_of_cells()
+        cand = self.val >= thr[rr]
+
+        def below():
+            out = self.rest.astype(np.float32).copy()
+            np.maximum.at(out, rr[~cand], self.val[~cand])
+            return out
+
+        return rr[cand], self.tok[cand].astype(np.int64), self.val[cand], below
+
+    def all_cells(self):
+        """``(rows, tokens, log-probs)`` of every kept finite cell (dense: every finite cell)."""
+        return self.cells(np.full(self.size, -np.finfo(np.float32).max, np.float32))[:3]
+
+    @staticmethod
+    def sparsify(ids: np.ndarray, rows: np.ndarray, keep: np.ndarray) -> "RowChunk":
+        """A sparse chunk of whole ``rows`` keeping the finite cells where ``keep: bool[b, W]``."""
+        keep = keep & np.isfinite(rows)
+        rest = np.where(keep, np.float32(-np.inf), rows).max(axis=1, initial=-np.inf).astype(np.float32)
+        r, tok = np.nonzero(keep)
+        ptr = np.zeros(rows.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(r, minlength=rows.shape[0]), out=ptr[1:])
+        return RowChunk(ids, ptr=ptr, tok=tok.astype(np.int32), val=rows[r, tok].astype(np.float32), rest=rest)
+
+    @staticmethod
+    def concat(chunks: list) -> "RowChunk":
+        """One chunk of several of the same kind (dense rows padded to the widest with ``-inf``)."""
+        ids = np.concatenate([c.ids for c in chunks])
+        if not chunks[0].sparse:
+            width = max(c.dense.shape[1] for c in chunks)
+            return RowChunk(ids, dense=np.concatenate([_pad_width(c.dense, width) for c in chunks]))
+        counts = np.concatenate([np.diff(c.ptr) for c in chunks])
+        ptr = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        return RowChunk(ids, ptr=ptr, tok=np.concatenate([c.tok for c in chunks]),
+                        val=np.concatenate([c.val for c in chunks]), rest=np.concatenate([c.rest for c in chunks]))
+
+
+def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:
+    if rows.shape[1] == width:
+        return rows
+    out = np.full((rows.shape[0], width), -np.inf, np.float32)
+    out[:, : rows.shape[1]] = rows
+    return out

@@ -1,0 +1,143 @@
+"""Sparse kept rows (row_storage="sparse", what a wide vocabulary gets by default): the index holds
+the same sequences in the same order with the same bounds as with whole rows, against brute force,
+through deepening (rows computed again when a budget reaches their bound), branch_cap, eos models,
+logit masks and save/load; memory grows with the sequences, not with V."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxrescore.index import seek as seek_mod
+from jaxrescore.index.seek import SeekIndex
+from jaxrescore.models.ngram import NGramLM
+from test_seek_reliability import F32_MIN, _all, _check_against_brute, brute, table_model
+
+
+def check(index, full, capped):
+    """Sound against brute force (with branch_cap: the bounds; without: exactly the in-budget
+    support in order)."""
+    if not capped:
+        _check_against_brute(index, full)
+        return
+    seqs, _ = _all(index)
+    assert len(set(seqs)) == len(seqs) and set(seqs) <= {s for s, _, _ in full}
+    ranked = {s: i for i, s in enumerate(seqs)}
+    for n in range(len(index) + 1):
+        beyond = [lp for s, _, lp in full if ranked.get(s, n) >= n]
+        bound = index.bucket_bound(n, length_cuts=False)
+        assert bound >= max(beyond) if beyond else bound == -math.inf
+
+
+def state(index):
+    seqs, lps = _all(index)
+    return (seqs, lps.tolist(), index.truncated, index.dropped_upper,
+            [index.bucket_bound(n) for n in range(len(index) + 1)],
+            [index.bucket_bound(n, length_cuts=False) for n in range(len(index) + 1)])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 10**6),
+    vocab=st.integers(2, 5),
+    length=st.integers(1, 4),
+    terminating=st.booleans(),
+    cap=st.sampled_from([None, 1, 2]),
+    masks=st.lists(st.sampled_from([-1e30, F32_MIN, -3e9, -np.inf]), max_size=1),
+    quant=st.sampled_from([(1.0, 8), (0.5, 3), (2.0, 1)]),
+    steps=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=3),
+)
+def test_sparse_rows_match_whole_rows_and_brute_force(seed, vocab, length, terminating, cap, masks, quant, steps):
+    eos = 0 if terminating else None
+    model = table_model(vocab, length, seed, eos=eos, masks=tuple(masks))
+    kw = dict(branch_cap=cap, bin_width_bits=quant[0], oversample=quant[1], max_depth_bits=40.0, progress=False)
+    sparse = SeekIndex(model, initial_bits=steps[0], row_storage="sparse", **kw)
+    dense = SeekIndex(model, initial_bits=steps[0], row_storage="dense", **kw)
+    full = brute(model, sparse.quantizer)
+    for bits in steps[1:] + [40.0]:
+        assert state(sparse) == state(dense)
+        check(sparse, full, cap is not None)
+        sparse.ensure_bits(bits)
+        dense.ensure_bits(bits)
+    assert state(sparse) == state(dense)
+
+
+def test_deepening_past_the_kept_margin_runs_the_model_again(monkeypatch, tmp_path):
+    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.5)  # keep almost nothing beyond the budget
+    model = table_model(6, 5, 3, eos=0)
+    sparse = SeekIndex(model, initial_bits=2.0, max_depth_bits=60.0, row_storage="sparse", progress=False)
+    dense = SeekIndex(model, initial_bits=2.0, max_depth_bits=60.0, row_storage="dense", progress=False)
+    full = brute(model, sparse.quantizer)
+    for bits in (3.0, 5.0, 9.0, 14.0, 20.0):
+        sparse.ensure_bits(bits)
+        dense.ensure_bits(bits)
+        assert state(sparse) == state(dense)
+        _check_against_brute(sparse, full)
+    assert sparse.forwards > dense.forwards  # left-out cells were needed: prefixes ran again
+    sparse.save(tmp_path / "s.npz")
+    back = SeekIndex.load(tmp_path / "s.npz", model)
+    assert state(back) == state(sparse)
+    for index in (back, sparse):  # growth by count (its predictions read the kept rows)
+        index.ensure_count(3000)
+        _check_against_brute(index, full)
+    assert state(back) == state(sparse)
+
+
+def test_a_wide_vocabulary_keeps_sparse_rows_by_default():
+    rng = np.random.default_rng(0)
+    v = 5000
+    seqs = [tuple(int(t) for t in rng.zipf(1.5, size=rng.integers(2, 8)) % (v - 1) + 1) + (0,) for _ in range(300)]
+    draft = NGramLM.fit(seqs, order=3, vocab_size=v, eos=0)
+    sparse = SeekIndex(draft, initial_bits=12.0, progress=False)
+    assert all(c.sparse for c in sparse._chunks)
+    dense = SeekIndex(draft, initial_bits=12.0, progress=False, row_storage="dense")
+    assert state(sparse) == state(dense)
+    assert sparse.nbytes * 20 < dense.nbytes
+    sparse.ensure_count(2000)
+    dense.ensure_count(2000)
+    assert state(sparse) == state(dense)
+    with pytest.raises(ValueError, match="row_storage"):
+        SeekIndex(draft, row_storage="compact")
+
+
+class NoisyTableFn:
+    """A table draft whose rows move by up to ``noise`` nats from call to call (renormalised), as
+    a float model's rows move with batch composition, only far more."""
+
+    def __init__(self, vocab, length, seed, noise):
+        from test_seek_reliability import TableFn
+
+        self.inner, self.noise, self.calls = TableFn(vocab, length, seed), noise, 0
+
+    def __call__(self, prefixes, lengths):
+        rows = self.inner(prefixes, lengths).astype(np.float64)
+        self.calls += 1
+        rows = rows + np.random.default_rng(self.calls).uniform(-self.noise, self.noise, rows.shape)
+        rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
+        return rows.astype(np.float32)
+
+
+def test_rows_computed_again_agree_with_what_the_index_already_holds(monkeypatch):
+    """A row run again for a deeper budget keeps its stored cells and its bound: a model whose
+    rows move between calls neither duplicates a child nor hides one below a built budget."""
+    from jaxrescore.models.callable import CallableModel
+
+    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.25)
+    for seed in range(4):
+        fn = NoisyTableFn(5, 5, seed, noise=0.3)
+        model = CallableModel(fn, vocab_size=5, max_len=5, eos=0, batched=True)
+        index = SeekIndex(model, initial_bits=1.0, bin_width_bits=0.25, oversample=1, max_depth_bits=60.0,
+                          row_storage="sparse", progress=False)
+        rows_before = index.forwards
+        for bits in np.arange(1.5, 14.0, 0.5):
+            index.ensure_bits(float(bits))
+            seqs, lps = _all(index)
+            assert len(set(seqs)) == len(seqs)
+            assert np.all(np.diff(index._seq_fb) >= 0)
+        index.ensure_bits(60.0)  # the whole support: 4**n bodies of n = 0..4 tokens, then eos
+        seqs, _ = _all(index)
+        assert len(seqs) == sum(4**n for n in range(5)) == len(set(seqs))
+        assert index.bucket_bound(len(index), length_cuts=False) == -math.inf
+        assert index.forwards > rows_before + len(index) // 2  # rows did run again
