@@ -33,6 +33,8 @@ _EXPORTS = {
     "estimate_gap": "jaxrescore.models",
     "estimate_top_gap": "jaxrescore.models",
     "from_apply_fn": "jaxrescore.models",
+    "from_equinox": "jaxrescore.models",
+    "from_linen": "jaxrescore.models",
     "init_carry": "jaxrescore.rescore",
     "load_model": "jaxrescore.models",
     "quantize_int8": "jaxrescore.models",

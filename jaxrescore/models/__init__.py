@@ -1,5 +1,6 @@
 """Models implementing the AutoregressiveEnumerable protocol."""
 
+from jaxrescore.models.adapters import from_equinox, from_linen
 from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
@@ -32,6 +33,8 @@ __all__ = [
     "estimate_gap",
     "estimate_top_gap",
     "from_apply_fn",
+    "from_equinox",
+    "from_linen",
     "load_model",
     "max_step_deviation",
     "quantize_int8",

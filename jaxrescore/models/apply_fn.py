@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,10 @@ from jaxrescore.typing import PyTree
 
 class ApplyFnLM(JaxLM):
     """A model given as ``apply_fn(params, tokens int32[B, T]) -> logits[B, T, V]`` (see
-    :func:`from_apply_fn`). ``params`` can be replaced (or trained with ``train_lm``).
+    :func:`from_apply_fn`, :func:`~jaxrescore.models.from_linen` or
+    :func:`~jaxrescore.models.from_equinox`). ``params`` can be replaced (or trained with
+    ``train_lm``); :meth:`to_linen_variables` and :meth:`to_equinox` hand them back to the
+    adapted model's library.
 
     Attributes:
       init_cache, step: the optional cache-aware pair of :func:`from_apply_fn` (None without).
@@ -38,6 +42,28 @@ class ApplyFnLM(JaxLM):
             held = (self.step, self.init_cache, dec)
             self._decoder = held
         return held[2]
+
+    def to_linen_variables(self) -> Mapping[str, Any]:
+        """The trained weights handed back to flax.linen: for a model built by
+        :func:`~jaxrescore.models.from_linen`, the variables dict with ``self.params`` (the
+        current weights, e.g. after ``train_lm``) as its ``"params"`` and the other collections
+        as given, in the structure given (dict or FrozenDict). ``module.apply`` of it gives this
+        model's logits. TypeError for a model built otherwise."""
+        return self._source("linen", "to_linen_variables", "from_linen")
+
+    def to_equinox(self) -> Any:
+        """The trained weights handed back to equinox: for a model built by
+        :func:`~jaxrescore.models.from_equinox`, the equinox model with ``self.params`` (the
+        current weights, e.g. after ``train_lm``) in place of its arrays
+        (``eqx.combine(params, static)``). TypeError for a model built otherwise."""
+        return self._source("equinox", "to_equinox", "from_equinox")
+
+    def _source(self, kind: str, method: str, builder: str):
+        # The adapters' forwards know how to rebuild the user's object from params.
+        if getattr(self.apply, "source_kind", None) != kind:
+            name = getattr(self.apply, "__name__", type(self.apply).__name__)
+            raise TypeError(f"{method}() needs a model built by {builder}; this one's forward is {name}")
+        return self.apply.rebuild(self.params)
 
     def __repr__(self) -> str:
         name = getattr(self.apply, "__name__", type(self.apply).__name__)
