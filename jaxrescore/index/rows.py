@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# Cells of whole rows sparsified at once (about 2 MB of float32: stays in cache).
+SPARSIFY_CELLS = 1 << 19
+
 
 class RowChunk:
     """The kept rows of the expanded nodes ``ids`` (int64[b]), one of two kinds.
@@ -104,13 +107,25 @@ class RowChunk:
         return self.cells(np.full(self.size, -np.finfo(np.float32).max, np.float32))[:3]
 
     @staticmethod
-    def sparsify(ids: np.ndarray, rows: np.ndarray, keep: np.ndarray) -> "RowChunk":
-        """A sparse chunk of whole ``rows`` keeping the finite cells where ``keep: bool[b, W]``."""
-        keep = keep & np.isfinite(rows)
-        rest = np.where(keep, np.float32(-np.inf), rows).max(axis=1, initial=-np.inf).astype(np.float32)
-        r, tok = np.nonzero(keep)
+    def sparsify(ids: np.ndarray, rows: np.ndarray, thr: np.ndarray) -> "RowChunk":
+        """A sparse chunk of whole ``rows: float32[b, W]`` keeping each row's finite cells
+        ``>= thr[row]``. Rows go in blocks of about ``SPARSIFY_CELLS`` cells, so each pass over a
+        block (compare, nonzero, the max of the rest) runs in cache."""
+        per = max(1, SPARSIFY_CELLS // max(rows.shape[1], 1))
+        rs, toks, rests = [], [], []
+        for lo in range(0, rows.shape[0], per):
+            block = rows[lo : lo + per]
+            keep = block >= thr[lo : lo + per, None]
+            r, tok = np.nonzero(keep)
+            fin = np.isfinite(block[r, tok])  # a -inf threshold keeps -inf cells: not children
+            rs.append(r[fin] + lo)
+            toks.append(tok[fin])
+            block = np.where(keep, np.float32(-np.inf), block)
+            rests.append(block.max(axis=1, initial=-np.inf))
+        r, tok = (np.concatenate(rs), np.concatenate(toks)) if rs else (np.zeros(0, np.int64),) * 2
         ptr = np.zeros(rows.shape[0] + 1, np.int64)
         np.cumsum(np.bincount(r, minlength=rows.shape[0]), out=ptr[1:])
+        rest = np.concatenate(rests).astype(np.float32) if rests else np.zeros(0, np.float32)
         return RowChunk(ids, ptr=ptr, tok=tok.astype(np.int32), val=rows[r, tok].astype(np.float32), rest=rest)
 
     @staticmethod

@@ -697,7 +697,7 @@ class SeekIndex:
         if self._sparse_rows():
             scale = self.quantizer.scale
             keep_hi = budget + max(math.ceil(KEEP_MARGIN_BITS * scale), budget // 2)
-            chunk = RowChunk.sparsify(ids, rows, self._candidates(self._nodes.fb[ids], rows, keep_hi))
+            chunk = RowChunk.sparsify(ids, rows, self._threshold(self._nodes.fb[ids], keep_hi))
         else:
             chunk = RowChunk(ids, dense=rows)
         self._chunks.append(chunk)

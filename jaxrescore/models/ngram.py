@@ -79,6 +79,19 @@ def _discount(counts: np.ndarray, discount) -> float:
     return n1 / (n1 + 2 * n2) if n1 and n2 else 0.75
 
 
+def _logs(p: np.ndarray) -> np.ndarray:
+    """float32 ``log p`` of float64 probabilities, clipped to <= 0 (``-inf`` for 0)."""
+    with np.errstate(divide="ignore"):
+        return np.minimum(np.log(p), 0.0).astype(np.float32)
+
+
+def _untouched_logs(coef0: np.ndarray, log_base: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``log(coef0 * P_0)`` as ``float32(log coef0) + float32(log P_0)`` (broadcast): the
+    cells no seen n-gram touches, one float32 add each (both terms are <= 0, so is the sum)."""
+    with np.errstate(divide="ignore"):
+        return np.add(np.log(coef0).astype(np.float32), log_base, out=out)
+
+
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])``, vectorised."""
     total = int(counts.sum())
@@ -137,6 +150,8 @@ class NGramLM(DeviceBatched):
         lv0 = levels[0]
         base[lv0.tok[lv0.ptr[0] : lv0.ptr[1]]] += lv0.val[lv0.ptr[0] : lv0.ptr[1]]
         self.base_row = base
+        with np.errstate(divide="ignore"):
+            self._log_base = np.log(base).astype(np.float32)  # the untouched cells of a row add to it
         self._table = None  # the dense cache (see DENSE_CELLS), built on first use
         self._offsets = np.cumsum([0] + [lv.keys.size for lv in levels])[:-1]
         # the entry key ctx * V + tok of every term, sorted (CSR order): one searchsorted per step
@@ -383,12 +398,13 @@ class NGramLM(DeviceBatched):
         return coef
 
     def _probs(self, chain: np.ndarray, words: np.ndarray) -> np.ndarray:
-        """float64[M]: ``P(words[i] | context i)``."""
+        """float32[M]: ``log P(words[i] | context i)``, each cell as :meth:`_sparse_rows` computes it."""
         table = self._dense_table()
         if table is not None:
-            return np.exp(table[self._row_ids(chain), words].astype(np.float64))
+            return table[self._row_ids(chain), words]
         coef = self._coefs(chain)
         p = coef[:, 0] * self.base_row[words]
+        touched = np.zeros(words.size, bool)
         v = self.vocab_size
         for k in range(1, self.order):
             seen = np.flatnonzero(chain[:, k] >= 0)
@@ -399,7 +415,10 @@ class NGramLM(DeviceBatched):
             idx = np.minimum(np.searchsorted(ek, q), ek.size - 1)
             hit = ek[idx] == q
             p[seen[hit]] += coef[seen[hit], k] * self.levels[k].val[idx[hit]]
-        return p
+            touched[seen[hit]] = True
+        out = _untouched_logs(coef[:, 0], self._log_base[words])
+        out[touched] = _logs(p[touched])
+        return out
 
     def _dense(self, chain: np.ndarray) -> np.ndarray:
         """float32[M, V]: log-prob rows of the contexts ``chain``."""
@@ -409,14 +428,22 @@ class NGramLM(DeviceBatched):
         return self._sparse_rows(chain)
 
     def _sparse_rows(self, chain: np.ndarray) -> np.ndarray:
-        """:meth:`_dense` from the sparse levels, in blocks of ``ROW_CELLS`` cells."""
+        """:meth:`_dense` from the sparse levels, in blocks of ``ROW_CELLS`` cells.
+
+        A cell no seen n-gram touches is ``P_0`` scaled: its log is ``log coef_0 + log P_0``, an
+        add per cell (no ``log`` over ``V`` cells a row); the few touched cells are summed in the
+        order :meth:`_probs` sums them (base, then level by level), so a row and a step agree
+        bit for bit."""
         m, v = chain.shape[0], self.vocab_size
         out = np.empty((m, v), np.float32)
         per = max(1, ROW_CELLS // max(v, 1))
         for lo in range(0, m, per):
             ch = chain[lo : lo + per]
             coef = self._coefs(ch)
-            rows = coef[:, :1] * self.base_row[None, :]
+            block = out[lo : lo + per]
+            _untouched_logs(coef[:, :1], self._log_base[None, :], out=block)
+            p = np.empty(block.size, np.float64)  # written (and read) only at touched cells
+            levels = []
             for k in range(1, self.order):
                 seen = np.flatnonzero(ch[:, k] >= 0)
                 if seen.size == 0:
@@ -425,9 +452,14 @@ class NGramLM(DeviceBatched):
                 start, stop = lv.ptr[ch[seen, k]], lv.ptr[ch[seen, k] + 1]
                 idx = _ranges(start, stop - start)
                 who = np.repeat(seen, stop - start)
-                rows[who, lv.tok[idx]] += coef[who, k] * lv.val[idx]  # one term per (row, token)
-            with np.errstate(divide="ignore"):
-                out[lo : lo + per] = np.minimum(np.log(rows), 0.0)
+                cells = who * v + lv.tok[idx]  # flat (row, token); a cell may recur across levels
+                p[cells] = coef[who, 0] * self.base_row[lv.tok[idx]]
+                levels.append((cells, coef[who, k] * lv.val[idx]))
+            for cells, add in levels:  # level order, as _probs adds them; one term per cell a level
+                p[cells] += add
+            if levels:
+                cells = np.concatenate([c for c, _ in levels])
+                block.reshape(-1)[cells] = _logs(p[cells])
         return out
 
     def _windows(self, batch: SequenceBatch, width: int) -> np.ndarray:
@@ -459,9 +491,7 @@ class NGramLM(DeviceBatched):
         targets = np.zeros((batch.size, width), np.int64)
         t = min(width, batch.tokens.shape[1])
         targets[:, :t] = np.where(batch.mask[:, :t], batch.tokens[:, :t], 0)
-        p = self._probs(chain.reshape(-1, self.order), targets.reshape(-1))
-        with np.errstate(divide="ignore"):
-            lps = np.minimum(np.log(p), 0.0).astype(np.float32)
+        lps = self._probs(chain.reshape(-1, self.order), targets.reshape(-1))
         return batch, lps.reshape(batch.size, width)
 
     def frontier_stats(
