@@ -147,3 +147,31 @@ def test_dense_model_files_still_load(tmp_path):
     np.testing.assert_allclose(got, rows[[1, 0, 2, 3]], atol=1e-6)
     save_model(m, tmp_path / "new.npz")
     np.testing.assert_array_equal(load_model(tmp_path / "new.npz").next_logprobs(pre, [1, 1, 1, 0]), got)
+
+
+def test_rows_without_the_dense_cache_match_steps_and_share_backed_off_contexts(monkeypatch):
+    """Past the dense cache (forced here), a row is built from the sparse levels: prefixes that
+    back off to the same seen context get the same row (built once), every row agrees bit for
+    bit with the per-step log-probs, and rows sum to one."""
+    from jaxrescore.models import ngram
+
+    monkeypatch.setattr(ngram, "DENSE_CELLS", 0)
+    rng = np.random.default_rng(3)
+    seqs = [tuple(int(t) for t in rng.integers(1, 40, size=rng.integers(1, 7))) + (0,) for _ in range(300)]
+    m = NGramLM.fit(seqs, order=4, vocab_size=40, eos=0)
+    assert m._dense_table() is None
+    prefixes = [list(s[:-1]) for s in seqs[:50]] + [[39, 38, 37], [1, 38, 37], [39, 38, 37], []]
+    width = max(map(len, prefixes)) or 1
+    arr = np.zeros((len(prefixes), width), np.int32)
+    for i, p in enumerate(prefixes):
+        arr[i, : len(p)] = p
+    lens = np.array([len(p) for p in prefixes], np.int32)
+    rows = m.next_logprobs(arr, lens)
+    np.testing.assert_allclose(np.logaddexp.reduce(rows.astype(np.float64), axis=1), 0.0, atol=1e-5)
+    np.testing.assert_array_equal(rows[-4], rows[-2])  # the same prefix twice
+    for i, p in enumerate(prefixes):
+        alone = m.next_logprobs(arr[i : i + 1], lens[i : i + 1])[0]
+        np.testing.assert_array_equal(rows[i], alone)  # a row does not depend on its batch
+        full = [tuple(p) + (t,) for t in range(40) if len(p) + 1 < m.max_len or t == 0]
+        _, steps = m.step_logprobs(full)
+        np.testing.assert_array_equal(steps[:, len(p)], rows[i, [s[-1] for s in full]])

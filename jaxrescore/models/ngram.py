@@ -425,7 +425,11 @@ class NGramLM(DeviceBatched):
         table = self._dense_table()
         if table is not None:
             return table[self._row_ids(chain)]
-        return self._sparse_rows(chain)
+        # Prefixes that back off to the same seen context share a row: build each one once.
+        uniq, inv = np.unique(chain, axis=0, return_inverse=True)
+        if uniq.shape[0] == chain.shape[0]:
+            return self._sparse_rows(chain)
+        return self._sparse_rows(uniq)[inv.reshape(-1)]
 
     def _sparse_rows(self, chain: np.ndarray) -> np.ndarray:
         """:meth:`_dense` from the sparse levels, in blocks of ``ROW_CELLS`` cells.
