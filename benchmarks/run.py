@@ -38,6 +38,7 @@ SECTIONS = [
     ("int8", "bench_int8"),
     ("seek_index", "bench_seek_index"),
     ("seek_memory", "bench_seek_memory"),
+    ("large_vocab", "bench_large_vocab"),
     ("envelope", "bench_envelope"),
     ("certificate", "bench_certificate"),
     ("cold", "bench_cold"),

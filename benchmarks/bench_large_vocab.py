@@ -1,0 +1,155 @@
+"""A GPT-2-sized vocabulary: sparse n-gram tables and a SeekIndex whose memory follows the sequences.
+
+V = 50,257. The corpus is generated deterministically (no download): sentences of geometric
+length (mean 18 tokens, at most 60, then EOS) over Zipf-distributed token ids (exponent 1.1), where
+each token prefers 8 successors of its own (60% of steps follow one of them, the rest are drawn
+from the Zipf unigram) — word-like statistics: a heavy head, a long tail, local structure. On it:
+``NGramLM.fit`` at orders 3, 5 and 8 (fit time, the model's bytes), then a ``SeekIndex`` over the
+order-5 model grown to the requested number of sequences (``ensure_count``), with the sparse rows
+a wide vocabulary keeps by default. Each order runs in a FRESH subprocess, so its peak RSS (the
+whole process: Python, numpy, JAX) is its own. ``whole rows`` is what the index would have held
+storing a float32[V] row per expanded prefix (the storage before sparse rows).
+
+    python3 benchmarks/bench_large_vocab.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from common import section, table
+
+COMMAND = "python3 benchmarks/run.py --only large_vocab"
+HERE = os.path.dirname(os.path.abspath(__file__))
+VOCAB = 50257
+EOS = 0
+LIMIT_BYTES = 4 << 30  # issue 13: the draft and its index in under 4 GB
+
+
+def make_corpus(n_tokens: int, vocab: int = VOCAB, seed: int = 0) -> list[tuple[int, ...]]:
+    """About ``n_tokens`` tokens (EOS included) of sentences, as described in the module doc."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, vocab, dtype=np.float64) ** 1.1
+    p /= p.sum()
+    successors = rng.choice(vocab - 1, size=(vocab, 8), p=p) + 1
+    lengths = np.minimum(rng.geometric(1 / 18, size=max(n_tokens // 10, 1)), 60)
+    lengths = lengths[np.cumsum(lengths + 1) <= n_tokens]
+    total = int(lengths.sum())
+    draws = rng.choice(vocab - 1, size=total, p=p) + 1
+    follow = rng.random(total) < 0.6
+    pick = rng.integers(0, 8, size=total)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    follow[starts] = False
+    toks = draws.copy()
+    # A follower takes a successor of the token before it, which may itself be a follower: walk
+    # each run of followers in order (vectorised over all runs at once, one step at a time).
+    run_pos = np.flatnonzero(follow)
+    while run_pos.size:
+        prev_is_free = ~follow[run_pos - 1]
+        ready = run_pos[prev_is_free]
+        toks[ready] = successors[toks[ready - 1], pick[ready]]
+        follow[ready] = False
+        run_pos = run_pos[~prev_is_free]
+    return [tuple(toks[s : s + n].tolist()) + (EOS,) for s, n in zip(starts.tolist(), lengths.tolist())]
+
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {here!r})
+from bench_large_vocab import make_corpus, VOCAB, EOS
+def peak():  # bytes (Linux reports KiB)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from jaxrescore.models.ngram import NGramLM
+from jaxrescore.index.seek import SeekIndex
+corpus = make_corpus({tokens})
+t = time.perf_counter()
+draft = NGramLM.fit(corpus, order={order}, vocab_size=VOCAB, eos=EOS)
+out = dict(fit=time.perf_counter() - t, model_bytes=draft.nbytes, n_terms=draft.n_terms,
+           sentences=len(corpus), tokens=sum(map(len, corpus)), fit_peak=peak())
+if {count}:
+    t = time.perf_counter()
+    index = SeekIndex(draft, progress=False)
+    index.ensure_count({count})
+    out.update(index_s=time.perf_counter() - t, n=len(index), index_bytes=index.nbytes, rows=index.forwards,
+               whole_rows=index.forwards * 4 * VOCAB, peak=peak(), nodes=index._nodes.n)
+    seqs, lps = index.unrank_batch([0, len(index) - 1])
+    out.update(first=list(seqs[0]), first_lp=float(lps[0]), last_lp=float(lps[1]))
+print(json.dumps(out))
+"""
+
+
+def measure(tokens: int, order: int, count: int, timeout: float) -> dict:
+    code = CHILD.format(here=HERE, tokens=tokens, order=order, count=count)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"error": last[:160]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def run(quick: bool = False, out_dir=None) -> str:
+    tokens = 100_000 if quick else 1_000_000
+    count = 2_000 if quick else 100_000
+    timeout = 300 if quick else 3000
+    fits, index_row = [], None
+    for order in (3, 5, 8):
+        r = measure(tokens, order, count if order == 5 else 0, timeout)
+        if "error" in r:
+            fits.append([order, r["error"], "", "", ""])
+            continue
+        fits.append([order, f"{r['fit']:.1f} s", f"{r['n_terms']:,}", _mib(r["model_bytes"]), _mib(r["fit_peak"])])
+        if order == 5:
+            index_row = r
+    corpus = f"{tokens:,} tokens"
+    if index_row:
+        corpus = f"{index_row['tokens']:,} tokens in {index_row['sentences']:,} sentences"
+    text = f"""
+V = {VOCAB:,}; corpus: {corpus} (synthetic, see the module docstring of
+`benchmarks/bench_large_vocab.py`). Peak RSS is the whole process's (Python, numpy and JAX
+included), one fresh process per order.
+
+{table(["order", "fit", "n-gram terms", "model bytes", "peak RSS"], fits)}
+"""
+    if index_row:
+        r = index_row
+        ok = "yes" if r["peak"] < LIMIT_BYTES else "NO"
+        text += f"""
+A `SeekIndex` over the order-5 draft, `ensure_count({count:,})` (defaults: sparse rows at this
+vocabulary, `bin_width_bits=1`, `oversample=8`):
+
+{table(["sequences", "build", "draft rows run", "prefix nodes", "index nbytes", "bytes / sequence", "whole rows would hold", "peak RSS", "under 4 GiB"],
+       [[f"{r['n']:,}", f"{r['index_s']:.0f} s", f"{r['rows']:,}", f"{r['nodes']:,}", _mib(r["index_bytes"]),
+         f"{r['index_bytes'] / max(r['n'], 1):,.0f}", _mib(r["whole_rows"]), _mib(r["peak"]), ok]])}
+
+Each expanded prefix costs one full next-token row from the n-gram model (V cells built on the
+host, then reduced to the kept cells and a bound): the build time is those rows. An EOS model's
+index expands every prefix within its budget, and sentences of this length have many more
+probable prefixes than complete sentences ({r['rows'] / max(r['n'], 1):.1f} rows per sequence here).
+"""
+    return section("Large vocabulary: sparse n-gram tables and SeekIndex memory at V = 50,257", COMMAND, text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    print(run(args.quick, args.out))
+
+
+if __name__ == "__main__":
+    main()
