@@ -2,6 +2,6 @@
 
 from jaxrescore.index.beam import BeamResult, beam_search
 from jaxrescore.index.envelope import AREnvelopeIndex
-from jaxrescore.index.seek import SeekIndex
+from jaxrescore.index.seek import IndexLimitError, SeekIndex
 
-__all__ = ["AREnvelopeIndex", "BeamResult", "SeekIndex", "beam_search"]
+__all__ = ["AREnvelopeIndex", "BeamResult", "IndexLimitError", "SeekIndex", "beam_search"]
