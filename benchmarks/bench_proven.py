@@ -114,8 +114,8 @@ without a draft, `batch` prefixes per call); `certified` is the spec's gap-certi
 until certified (`until_certified=True`, window 64) under the demo's estimated gap (an
 assumption). Target calls are sequential batched calls; target rows are sequences teacher-forced
 (plus full rows fetched) or prefixes expanded; token positions are what those forwards compute
-(n + 1 per row of n tokens, prompt included; no KV cache on either side yet — with one,
-best-first would cost one position per prefix row). Times: median of {repeats} after a warm-up
+(n + 1 per row of n tokens, prompt included; best-first runs full forwards here — with a KV
+cache it costs one position per prefix row, as the wide workload below measures). Times: median of {repeats} after a warm-up
 (compiles excluded), the draft index built once beforehand.
 
 {table(["query", "method", "target calls", "target rows", "token positions", "verdict", "= best-first", "time"],
