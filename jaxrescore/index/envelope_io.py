@@ -11,14 +11,14 @@ re-evaluated in one model call). The suffix tables are rebuilt from the envelope
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
+from jaxrescore.files import checksum as _checksum
+from jaxrescore.files import write_npz_atomic
 from jaxrescore.quantize import Quantizer
 
 FORMAT = "jaxrescore.AREnvelopeIndex"
@@ -49,17 +49,8 @@ def save_envelope(ix, path) -> None:
         "calibrated_on": ix.calibrated_on, "forwards": ix.forwards, "lookahead": ix.lookahead,
     }
     header["checksum"] = _checksum(header, arrays)
-    fd, tmp = tempfile.mkstemp(prefix=".envelope-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_npz_atomic(path, {"header": np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays},
+                     prefix=".envelope-")
 
 
 def load_envelope(cls, path, model, *, progress=None, chunk_rows=4096):
@@ -111,12 +102,3 @@ def load_envelope(cls, path, model, *, progress=None, chunk_rows=4096):
     ix._root_row = saved_rows[0]
     ix._build()
     return ix
-
-
-def _checksum(header: dict, arrays: dict) -> str:
-    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()

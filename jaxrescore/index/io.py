@@ -24,14 +24,14 @@ arrays are read, or before the index is assembled.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
+from jaxrescore.files import checksum as _checksum
+from jaxrescore.files import write_npz_atomic
 from jaxrescore.quantize import Quantizer
 from jaxrescore.sequences import bucket_size
 
@@ -46,15 +46,6 @@ WHOLE_ROWS = 3  # still read: whole rows only
 ROOT_ATOL = 1e-4
 # Stored next-token rows re-checked against the model on load.
 CHECK_ROWS = 64
-
-
-def _checksum(header: dict, arrays: dict) -> str:
-    h = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def _model_meta(model) -> dict:
@@ -91,18 +82,8 @@ def save_index(index, path) -> None:
         "builds": index.builds,
     }
     header["checksum"] = _checksum(header, arrays)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".seekindex-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_npz_atomic(path, {"header": np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays},
+                     prefix=".seekindex-")
 
 
 def _dropped_text(dropped: int | float) -> str:

@@ -34,16 +34,16 @@ bytes) are still read: the demo's shipped weights are one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
 from jax.sharding import Mesh
 
+from jaxrescore.files import checksum as _checksum
+from jaxrescore.files import write_npz_atomic
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.int8 import Int8TransformerLM
 from jaxrescore.models.ngram import NGramLM
@@ -81,16 +81,6 @@ def _storable(a: np.ndarray) -> np.ndarray:
     """``a`` as numpy's .npz keeps it: bfloat16 (which numpy stores as opaque 2-byte records) as
     its uint16 bit pattern; the config's ``param_dtype`` says how to read it back."""
     return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
-
-
-def _checksum(meta: dict, arrays: dict) -> str:
-    """SHA-256 of the header (without its checksum) and every array's name, dtype, shape, bytes."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "checksum"}, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def _contents(model) -> tuple[str, dict, dict]:
@@ -156,20 +146,10 @@ def save_model(
     meta["checksum"] = _checksum(meta, arrays)
     if META in arrays:
         raise ValueError(f"a weight is named {META!r}, the header's name")
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".jaxrescore-model-", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{META: np.array(json.dumps(meta))}, **arrays)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-        tmp = None
+        write_npz_atomic(path, {META: np.array(json.dumps(meta)), **arrays}, prefix=".jaxrescore-model-")
     except OSError as err:
         raise type(err)(err.errno, f"cannot write model file {path!r}: {err.strerror or err}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _read(path: str) -> tuple[dict, dict]:
