@@ -38,7 +38,6 @@ from jax.sharding import Mesh
 
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.sampling import sample_sequences
 from jaxrescore.models.transformer import (
@@ -46,7 +45,6 @@ from jaxrescore.models.transformer import (
     TransformerConfig,
     TransformerLM,
     TransformerModule,
-    transformer_decoder,
 )
 from jaxrescore.typing import PyTree, Sequences
 
@@ -163,21 +161,10 @@ class Int8TransformerLM(JaxLM):
         return (f"Int8TransformerLM(V={c.vocab_size}, d_model={c.d_model}, n_layers={c.n_layers}, "
                 f"activations={self.activations!r})")
 
-    @property
-    def score_tolerance(self) -> float:
-        """As the float model's (the compute dtype's)."""
-        from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
-
-        return BFLOAT16_TOLERANCE if jnp.dtype(self.config.dtype).itemsize < 4 else FLOAT32_TOLERANCE
-
-    def decoder(self) -> Decoder:
-        """The incremental forward (key/value caches over the int8 network) used by
-        :class:`~jaxrescore.models.decoding.DecodingSession`."""
-        held = self.__dict__.get("_decoder")
-        if held is None or held[0] is not self.apply.graphdef:
-            held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef))
-            self._decoder = held
-        return held[1]
+    # Both read only ``config`` and ``apply.graphdef``, so the float model's definitions serve: the
+    # compute dtype's tolerance, and key/value caches over this (int8) network.
+    score_tolerance = TransformerLM.score_tolerance
+    decoder = TransformerLM.decoder
 
     @property
     def nbytes(self) -> int:
