@@ -16,14 +16,11 @@ storing a float32[V] row per expanded prefix (the storage before sparse rows).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 
-from common import section, table
+from common import run_child, section, table
 
 COMMAND = "python3 benchmarks/run.py --only large_vocab"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,16 +82,7 @@ print(json.dumps(out))
 
 
 def measure(tokens: int, order: int, count: int, timeout: float) -> dict:
-    code = CHILD.format(here=HERE, tokens=tokens, order=order, count=count)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout:.0f} s"}
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        return {"error": last[:160]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(CHILD.format(here=HERE, tokens=tokens, order=order, count=count), timeout)
 
 
 def _mib(n: float) -> str:

@@ -14,12 +14,9 @@ memory against bits is written to the output folder.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
-from common import have_mixle, reference_note, section, table
+from common import have_mixle, reference_note, run_child, section, table
 
 COMMAND = "python3 benchmarks/run.py --only seek_memory"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,16 +48,7 @@ print(json.dumps(out))
 
 
 def build(vocab, length, bits, side, timeout):
-    code = CHILD.format(here=HERE, vocab=vocab, length=length, bits=bits, side=side)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout} s"}
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        return {"error": last[:120]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(CHILD.format(here=HERE, vocab=vocab, length=length, bits=bits, side=side), timeout, 120)
 
 
 def run(quick: bool = False, out_dir=None) -> str:

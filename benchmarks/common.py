@@ -27,6 +27,24 @@ def timed(fn, repeats: int = 3):
     return out, statistics.median(times)
 
 
+def run_child(code: str, timeout: float, error_chars: int = 160) -> dict:
+    """Run ``code`` in a fresh CPU-only Python process (so its peak RSS is its own) and parse the
+    JSON object it prints last; ``{"error": ...}`` if it fails or runs past ``timeout`` seconds."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"error": last[:error_chars]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def have_mixle() -> bool:
     """Whether the reference library (the ``bench`` extra, ``mixle==0.8.2``) is installed."""
     return importlib.util.find_spec("mixle") is not None
