@@ -77,8 +77,9 @@ def test_deepening_past_the_kept_margin_runs_the_model_again(monkeypatch, tmp_pa
         _check_against_brute(sparse, full)
     assert sparse.forwards > dense.forwards  # left-out cells were needed: prefixes ran again
     sparse.save(tmp_path / "s.npz")
-    back = SeekIndex.load(tmp_path / "s.npz", model)
+    back = SeekIndex.load(tmp_path / "s.npz", model, decode_cache_bytes=0)
     assert state(back) == state(sparse)
+    assert (back.row_storage, back.decode_cache_bytes) == ("sparse", 0)  # V=6 would be "auto": dense
     for index in (back, sparse):  # growth by count (its predictions read the kept rows)
         index.ensure_count(3000)
         _check_against_brute(index, full)

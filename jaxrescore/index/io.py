@@ -11,7 +11,8 @@ outside that sample still loads: the check is a sample, not a proof.
 
 Versions: this writes version 4 and reads 4, 3 and 2. Version 4 adds the sparse rows of a wide
 vocabulary (``sparse_ids``, ``sparse_ptr``, ``sparse_tok``, ``sparse_val``, ``sparse_rest``: see
-:mod:`jaxrescore.index.rows`) beside the whole rows (``row_ids``, ``rows``). In version 3 the header's ``dropped`` (the
+:mod:`jaxrescore.index.rows`) beside the whole rows (``row_ids``, ``rows``), and the header's
+``row_storage`` (older files load as ``"auto"``). In version 3 the header's ``dropped`` (the
 ``dropped_upper`` bound) is an exact int below 2**63 or the repr of a float upper bound (``inf``
 included), so a ``branch_cap`` index over a wide, long model saves (Python cannot print an int past
 4,300 digits). A version-2 file gets its frontier recomputed from its kept rows and is refused if it
@@ -80,6 +81,7 @@ def save_index(index, path) -> None:
         "dropped": _dropped_text(index._dropped),
         "forwards": index.forwards,
         "builds": index.builds,
+        "row_storage": index.row_storage,
     }
     header["checksum"] = _checksum(header, arrays)
     write_npz_atomic(path, {"header": np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays},
@@ -177,7 +179,8 @@ def _check_model(path: str, header: dict, root_row: np.ndarray, model) -> None:
         raise ValueError(f"{path} was built for a different model: the first next-token table differs")
 
 
-def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=None, max_bytes=None):
+def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=None, max_bytes=None,
+               decode_cache_bytes=None):
     """Rebuild a ``cls`` (SeekIndex) instance from ``path`` for ``model`` (see ``SeekIndex.load``)."""
     from jaxrescore.index.seek import _limit_arg, _Nodes, default_max_bytes
 
@@ -191,7 +194,8 @@ def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=No
         _check_model(path, header, arrays["root_row"], model)
         index = cls.__new__(cls)
         index._setup(model, quantizer, header["branch_cap"], header["max_depth_bits"], progress, chunk_rows,
-                     max_nodes=max_nodes, max_bytes=max_bytes)
+                     max_nodes=max_nodes, max_bytes=max_bytes, decode_cache_bytes=decode_cache_bytes,
+                     row_storage=header.get("row_storage", "auto"))  # version 3 and older: "auto"
         index._nodes = _Nodes({k[5:]: v for k, v in arrays.items() if k.startswith("node_")})
         if max_nodes is not None and index._nodes.n > max_nodes:
             raise _limit_error()(

@@ -290,12 +290,6 @@ class SeekIndex:
         decode_cache_bytes: int | None = None,
         row_storage: str = "auto",
     ):
-        self.decode_cache_bytes = None if decode_cache_bytes is None else _int_arg(
-            decode_cache_bytes, "decode_cache_bytes", minimum=0
-        )
-        if row_storage not in ROW_STORAGE:
-            raise ValueError(f"row_storage must be one of {ROW_STORAGE}, got {row_storage!r}")
-        self.row_storage = row_storage
         self._setup(
             model,
             Quantizer(bin_width_bits, oversample),
@@ -305,6 +299,8 @@ class SeekIndex:
             chunk_rows,
             max_nodes=max_nodes,
             max_bytes=max_bytes,
+            decode_cache_bytes=decode_cache_bytes,
+            row_storage=row_storage,
         )
         initial = _bits_arg(initial_bits, "initial_bits")
         try:
@@ -321,7 +317,14 @@ class SeekIndex:
             raise
 
     def _setup(self, model, quantizer, branch_cap, max_depth_bits, progress, chunk_rows, *, max_nodes=None,
-               max_bytes=None):
+               max_bytes=None, decode_cache_bytes=None, row_storage="auto"):
+        """The settings and the empty state, for a new index and a loaded one alike."""
+        self.decode_cache_bytes = None if decode_cache_bytes is None else _int_arg(
+            decode_cache_bytes, "decode_cache_bytes", minimum=0
+        )
+        if row_storage not in ROW_STORAGE:
+            raise ValueError(f"row_storage must be one of {ROW_STORAGE}, got {row_storage!r}")
+        self.row_storage = row_storage
         # Attributes checked now (eos < vocab_size included); a duck-typed model's rows are
         # checked on every call (jaxrescore.models.checked.model_rows).
         # An inferred vocabulary (CallableModel without vocab_size) starts at 0 and grows; its
@@ -468,10 +471,9 @@ class SeekIndex:
         return max(20, sum(c.nbytes for c in sparse) // n) if n else 20
 
     def _sparse_rows(self) -> bool:
-        storage = getattr(self, "row_storage", "auto")
-        if storage == "auto":
+        if self.row_storage == "auto":
             return int(self.model.vocab_size) > DENSE_ROW_VOCAB
-        return storage == "sparse"
+        return self.row_storage == "sparse"
 
     def _capacity(self) -> int:
         """The most sequences any deepening of this index could ever hold (one node each)."""
@@ -748,10 +750,6 @@ class SeekIndex:
         thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
         return np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
 
-    def _candidates(self, parent_fb: np.ndarray, rows: np.ndarray, hi: int) -> np.ndarray:
-        """bool[b, V]: the cells whose child bucket may be ``<= hi + 1``, by a float32 compare."""
-        return rows >= self._threshold(parent_fb, hi)[:, None]
-
     def _admit(self, chunk: RowChunk, lo: int, hi: int, pending) -> int:
         """Append the children of the chunk's nodes whose bucket lies in ``(lo, hi]``, in row-major
         order (by parent, then token); queue the live ones in ``pending`` by depth. Returns the
@@ -852,13 +850,13 @@ class SeekIndex:
     def _decoding_session(self):
         """The model's :class:`~jaxrescore.models.decoding.DecodingSession` (None when it has no
         incremental forward or ``decode_cache_bytes`` is 0), kept across passes."""
-        if getattr(self, "decode_cache_bytes", None) == 0:
+        if self.decode_cache_bytes == 0:
             return None
         held = self._session  # (model, session or None)
         if held is None or held[0] is not self.model:
             from jaxrescore.models.decoding import decoding_session
 
-            held = (self.model, decoding_session(self.model, max_bytes=getattr(self, "decode_cache_bytes", None)))
+            held = (self.model, decoding_session(self.model, max_bytes=self.decode_cache_bytes))
             self._session = held
         return held[1]
 
@@ -1342,15 +1340,17 @@ class SeekIndex:
 
     @classmethod
     def load(cls, path: PathLike, model: AutoregressiveEnumerable, *, progress: bool | None = None, chunk_rows: int = 4096,
-             max_nodes: int | None = None, max_bytes: int | None = None) -> "SeekIndex":
+             max_nodes: int | None = None, max_bytes: int | None = None,
+             decode_cache_bytes: int | None = None) -> "SeekIndex":
         """Read an index saved by :meth:`save` for ``model``; ValueError for a corrupted, truncated,
         foreign-version or mismatched (model vocabulary/eos/max_len/first table) file, and
         IndexLimitError for one larger than ``max_bytes``/``max_nodes`` (checked before reading its
-        arrays). The limits then apply to its deepening as in the constructor."""
+        arrays). The limits and ``decode_cache_bytes`` then apply to its deepening as in the
+        constructor; ``row_storage`` is the saved index's."""
         from jaxrescore.index.io import load_index
 
         return load_index(cls, path, model, progress=progress, chunk_rows=chunk_rows, max_nodes=max_nodes,
-                          max_bytes=max_bytes)
+                          max_bytes=max_bytes, decode_cache_bytes=decode_cache_bytes)
 
 
 class _AtLeastOneToken:

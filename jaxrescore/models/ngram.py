@@ -19,9 +19,11 @@ context's ``gamma`` and, in CSR form, its discounted n-gram terms ``max(c - D, 0
 query resolves the longest seen suffix of its context order by order (``np.searchsorted``),
 then sums the chain ``P = sum_k coef_k * terms_k + coef_0 * P_0`` (``coef`` the product of the
 gammas above): a step's probability from a few lookups, a whole row as ``P_0`` scaled plus the
-sparse terms scattered in. Everything runs on the host in numpy (float64, then ``log`` and
-float32, clipped to <= 0); with a mesh, lookups still run on the host (a table model has no
-forward to split).
+sparse terms scattered in. A cell no seen n-gram touches is ``float32(log coef_0) +
+float32(log P_0)`` (one add per cell of a row); a touched cell is summed in float64 and its
+``log`` taken, then float32, clipped to <= 0 — the same formula for a row and for a step, so
+they agree bit for bit. Everything runs on the host in numpy; with a mesh, lookups still run on
+the host (a table model has no forward to split).
 """
 
 from __future__ import annotations
