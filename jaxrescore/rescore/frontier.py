@@ -89,12 +89,17 @@ class Trie(NamedTuple):
       node_of: int64[N, L + 1], the node id of ``tokens[i, :d]`` (-1 where ``d > lengths[i]``).
       first: int64[K, 2], each node's first occurrence ``(row, depth)``.
       child_keys: int64[C], sorted ``node * base + token`` of every (node, child token) pair.
+      child_nodes: int64[C], the child node of each pair.
+      only_child: int64[K], the token of a node's one child; -1 when it has none, -2 when more
+        (most nodes of a large scored set have one child: a lookup then is one compare).
       base: the key base (larger than every token id).
     """
 
     node_of: np.ndarray
     first: np.ndarray
     child_keys: np.ndarray
+    child_nodes: np.ndarray
+    only_child: np.ndarray
     base: int
 
 
@@ -103,7 +108,8 @@ def build_trie(tokens: np.ndarray, lengths: np.ndarray, base: int) -> Trie:
     n, width = tokens.shape
     depth = np.arange(width + 1)[None, :]
     if n == 0:
-        return Trie(np.zeros((0, width + 1), np.int64), np.zeros((0, 2), np.int64), np.zeros(0, np.int64), base)
+        none = np.zeros(0, np.int64)
+        return Trie(np.zeros((0, width + 1), np.int64), np.zeros((0, 2), np.int64), none, none, none, base)
     order = np.lexsort(tokens.T[::-1]) if width else np.arange(n)
     srt, lens = tokens[order], lengths[order]
     # lcp[i]: common prefix of sorted rows i-1 and i (0 for the first row).
@@ -122,22 +128,44 @@ def build_trie(tokens: np.ndarray, lengths: np.ndarray, base: int) -> Trie:
     first = np.stack([order[rows], depths], axis=1)
     # (node, child token) pairs: every real step of every row.
     has_child = depth[:, :-1] < lengths[:, None]
-    parents = node_of[:, :-1][has_child]
-    child_keys = np.unique(parents * base + tokens[has_child])
-    return Trie(node_of, first, child_keys, base)
+    child_keys, at = np.unique(node_of[:, :-1][has_child] * base + tokens[has_child], return_index=True)
+    child_nodes = node_of[:, 1:][has_child][at]
+    parent, tok = np.divmod(child_keys, base)
+    count = np.bincount(parent, minlength=first.shape[0])
+    only_child = np.where(count == 0, -1, -2)
+    one = count[parent] == 1
+    only_child[parent[one]] = tok[one]
+    return Trie(node_of, first, child_keys, child_nodes, only_child, base)
 
 
 def _is_child(trie: Trie, nodes: np.ndarray, toks: np.ndarray) -> np.ndarray:
-    """bool[...]: whether ``nodes + toks`` is in the trie (same shapes)."""
-    keys = nodes * trie.base + toks
-    if trie.child_keys.size == 0:
-        return np.zeros(keys.shape, bool)
-    pos = np.minimum(np.searchsorted(trie.child_keys, keys), trie.child_keys.size - 1)
-    return trie.child_keys[pos] == keys
+    """bool[...]: whether ``nodes + toks`` is in the trie (same shapes): a compare where the
+    node has at most one child, a search of ``child_keys`` where it has more."""
+    only = trie.only_child[nodes]
+    out = (only >= 0) & (toks == only)
+    many = only == -2
+    if many.any():
+        keys = nodes[many] * trie.base + toks[many]
+        pos = np.minimum(np.searchsorted(trie.child_keys, keys), trie.child_keys.size - 1)
+        out[many] = trie.child_keys[pos] == keys
+    return out
 
 
-def node_exits(s: ScoredArrays, trie: Trie, structure: Structure) -> Exits:
-    """Every exit of the trie with its bound (see the module docstring)."""
+def _node(trie: Trie, prefix: tuple) -> int:
+    """The node of ``prefix`` (-1 when it is not in the trie), walked from the root (node 0)."""
+    node = 0
+    for t in prefix:
+        key = node * trie.base + int(t)
+        pos = int(np.searchsorted(trie.child_keys, key))
+        if not 0 <= t < trie.base or pos == trie.child_keys.size or trie.child_keys[pos] != key:
+            return -1
+        node = int(trie.child_nodes[pos])
+    return node
+
+
+def node_exits(s: ScoredArrays, trie: Trie, structure: Structure, floor: float = -np.inf) -> Exits:
+    """The exits of the trie with their bounds (see the module docstring): every one worth at
+    least ``floor``, and the best one (so their max is the frontier bound) when all are below."""
     tokens, known = s.tokens, s.known
     n_nodes = trie.first.shape[0]
     if n_nodes == 0:  # nothing scored: the root alone, live
@@ -151,20 +179,30 @@ def node_exits(s: ScoredArrays, trie: Trie, structure: Structure) -> Exits:
     prefix_score[nodes_s] = cum[occ_s[:, 0], occ_s[:, 1]]
     live = _live(trie, tokens, structure)
     fetched = np.zeros(n_nodes, bool)
-    if s.rows:
-        cand = np.flatnonzero(live)
-        fetched[cand] = [_prefix(s, trie, v) in s.rows for v in cand]
+    at = [_node(trie, p) for p in s.rows]
+    fetched[[v for v in at if v >= 0]] = True
+    fetched &= live
     with_dist = np.zeros(n_nodes, bool)
     with_dist[nodes_d] = True
     top = live[nodes_d] & ~fetched[nodes_d]
     blind = np.flatnonzero(live & ~fetched & ~with_dist)
     parts = [
-        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], prefix_score),
+        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], prefix_score, floor),
         _row_exits(s, trie, structure, np.flatnonzero(fetched), prefix_score),
         # Live nodes without a distribution: everything below them is bounded by their score.
         Exits(trie.first[blind, 0], trie.first[blind, 1], np.full(blind.size, REST), prefix_score[blind]),
     ]
-    return _concat(parts)
+    return _at_least(_concat(parts), floor)
+
+
+def _at_least(ex: Exits, floor: float) -> Exits:
+    """The exits worth at least ``floor``, and the best one when none is (NaN values kept: a
+    node whose own score is unknown never clears)."""
+    if floor == -np.inf or ex.value.size == 0:
+        return ex
+    keep = ~(ex.value < floor)
+    keep[np.argmax(np.where(np.isnan(ex.value), np.inf, ex.value))] = True
+    return Exits(*(a[keep] for a in ex))
 
 
 def _concat(parts) -> Exits:
@@ -212,7 +250,9 @@ def _prefix(s: ScoredArrays, trie: Trie, node: int) -> tuple:
     return tuple(int(t) for t in s.tokens[row, :depth])
 
 
-def _top_m_exits(s, trie, structure, nodes, occ, prefix_score) -> Exits:
+def _top_m_exits(s, trie, structure, nodes, occ, prefix_score, floor=-np.inf) -> Exits:
+    """Exits named by the top-m of nodes' distributions (those below ``floor`` left out but the
+    best), each node's rest exit and the eos exits of nodes one short of ``max_len``."""
     rows, depths = occ[:, 0], occ[:, 1]
     vals = s.top_lps[rows, depths].astype(np.float64)  # [K, m]
     ids = s.top_ids[rows, depths].astype(np.int64)
@@ -220,6 +260,11 @@ def _top_m_exits(s, trie, structure, nodes, occ, prefix_score) -> Exits:
     last = np.zeros(nodes.size, bool) if structure.eos is None else depths == structure.max_len - 1
     child = _is_child(trie, np.broadcast_to(nodes[:, None], ids.shape), ids)
     allowed = ~child & np.isfinite(vals) & ~last[:, None]
+    if floor > -np.inf and allowed.any():
+        worth = prefix_score[nodes][:, None] + vals
+        best = np.unravel_index(np.argmax(np.where(allowed, np.nan_to_num(worth, nan=np.inf), -np.inf)), worth.shape)
+        allowed &= ~(worth < floor)
+        allowed[best] = True
     k_idx, j_idx = np.nonzero(allowed)
     seq = [trie.first[nodes[k_idx], 0]]
     dep = [depths[k_idx]]
@@ -264,11 +309,13 @@ class Frontier(NamedTuple):
     exits: Exits
 
 
-def frontier(s: ScoredArrays, structure: Structure) -> Frontier:
-    """The frontier bound of a scored set and the exits it comes from."""
+def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> Frontier:
+    """The frontier bound of a scored set and the exits it comes from: all of them count in the
+    bound; ``exits`` keeps those worth at least ``floor`` (a search that could only open exits
+    above some score leaves out the rest)."""
     base = int(max(structure.vocab_size, int(s.tokens.max(initial=-1)) + 1, int(s.top_ids.max(initial=-1)) + 1, 1))
     trie = build_trie(s.tokens, s.lengths, base)
-    exits = node_exits(s, trie, structure)
+    exits = node_exits(s, trie, structure, floor)
     bound = float(exits.value.max()) if exits.value.size else -np.inf
     return Frontier(bound, exits)
 

@@ -52,11 +52,11 @@ def check_proof(scored: ScoredSet, n: int, start: int, k: int, front: Frontier |
     its exact answer over the whole support."""
     if not scored.proves:
         return Proof(None, None, "the target gives no next-token distributions (no score_frontier)"), None
+    worst = kth_best(scored.target_lps[:n], start + k - 1)
     if front is None:
-        front = frontier(scored.arrays(n), scored.structure)
+        front = frontier(scored.arrays(n), scored.structure, floor=_open_floor(worst, scored.tolerance))
     if start < 0:
         return Proof(False, front.bound, "a negative start asks for ranks that do not exist"), front
-    worst = kth_best(scored.target_lps[:n], start + k - 1)
     bound = front.bound
     if bound == -np.inf:
         return Proof(True, bound, f"the {n} scored sequences are the target's whole support"), front
@@ -70,6 +70,14 @@ def check_proof(scored: ScoredSet, n: int, start: int, k: int, front: Frontier |
         f"worst returned target log-prob {worst:.6g} {verb} the frontier bound {bound:.6g} + the "
         f"target's score tolerance {scored.tolerance:g}",
     ), front
+
+
+def _open_floor(worst: float, tolerance: float) -> float:
+    """A score below every exit that ``worst`` could fail to clear (see :func:`clears`, whose
+    float64 slack this exceeds), so exits below it can be left out: ``-inf`` unless finite."""
+    if not np.isfinite(worst):
+        return -np.inf
+    return worst - tolerance - 1e-9 * (1.0 + abs(worst) + tolerance)
 
 
 def completion_model(draft_index: Any, draft_model: Any, target: Any):
