@@ -175,3 +175,49 @@ def test_rows_without_the_dense_cache_match_steps_and_share_backed_off_contexts(
         full = [tuple(p) + (t,) for t in range(40) if len(p) + 1 < m.max_len or t == 0]
         _, steps = m.step_logprobs(full)
         np.testing.assert_array_equal(steps[:, len(p)], rows[i, [s[-1] for s in full]])
+
+
+def _rows_above_cases(m, rng, n=60):
+    """Prefixes and thresholds that probe every edge: a cell's exact value, -inf, 0, random."""
+    lens = rng.integers(0, m.max_len, n).astype(np.int32)
+    arr = rng.integers(0, m.vocab_size, (n, max(m.max_len - 1, 1))).astype(np.int32)
+    rows = m.next_logprobs(arr, lens)
+    thr = rows[np.arange(n), rng.integers(0, m.vocab_size, n)].copy()  # ties with a cell
+    thr[::4] = rng.uniform(-12.0, 0.0, thr[::4].size)
+    thr[1::7] = -np.inf  # every finite cell
+    thr[2::9] = 0.0
+    thr[3::11] = np.nextafter(thr[3::11], np.float32(0.0))  # just above a cell
+    return arr, lens, rows, thr.astype(np.float32)
+
+
+@pytest.mark.parametrize("dense_cache", [True, False])
+def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch, dense_cache):
+    """next_logprobs_above (what a SeekIndex over a wide vocabulary asks a table model for) gives
+    exactly the cells of next_logprobs at or above each threshold, and the largest one left out,
+    with or without the dense cache, for a fitted model and one of a dense table with zeros."""
+    from jaxrescore.index.rows import RowChunk
+    from jaxrescore.models import ngram
+
+    if not dense_cache:
+        monkeypatch.setattr(ngram, "DENSE_CELLS", 0)
+    rng = np.random.default_rng(5)
+    seqs = [tuple(int(t) for t in rng.zipf(1.3, size=rng.integers(1, 7)) % 59 + 1) + (0,) for _ in range(400)]
+    fitted = NGramLM.fit(seqs, order=4, vocab_size=60, eos=0)
+    table = np.log(rng.dirichlet(np.full(5, 0.3), size=1 + 6)).astype(np.float32)
+    table[table < -6] = -np.inf  # impossible tokens: -inf cells, and rows backed off nowhere
+    table[:, 0] = np.maximum(table[:, 0], -3.0)
+    table -= np.logaddexp.reduce(table, axis=1, keepdims=True)
+    tabled = NGramLM.from_table(table, [np.zeros(1, np.int64), np.arange(6, dtype=np.int64)],
+                                order=2, vocab_size=5, eos=0, max_len=6, discounts=[0.5, 0.5])
+    for m in (fitted, tabled):
+        arr, lens, rows, thr = _rows_above_cases(m, rng)
+        want = RowChunk.sparsify(np.arange(len(lens)), rows, thr)
+        ptr, tok, val, rest = m.next_logprobs_above(arr, lens, thr)
+        for got, exp in ((ptr, want.ptr), (tok, want.tok), (val, want.val), (rest, want.rest)):
+            assert got.dtype == exp.dtype
+            np.testing.assert_array_equal(got, exp)
+        assert np.isneginf(rest[np.isneginf(thr)]).all()  # a -inf threshold keeps every finite cell
+    with pytest.raises(ValueError, match="thresholds"):
+        fitted.next_logprobs_above(arr[:2], lens[:2], np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="thresholds"):
+        fitted.next_logprobs_above(arr[:2], lens[:2], np.array([0.0, np.nan], np.float32))

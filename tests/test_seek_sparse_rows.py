@@ -3,6 +3,7 @@ the same sequences in the same order with the same bounds as with whole rows, ag
 through deepening (rows computed again when a budget reaches their bound), branch_cap, eos models,
 logit masks and save/load; memory grows with the sequences, not with V."""
 
+import functools
 import math
 
 import numpy as np
@@ -142,3 +143,65 @@ def test_rows_computed_again_agree_with_what_the_index_already_holds(monkeypatch
         assert len(seqs) == sum(4**n for n in range(5)) == len(set(seqs))
         assert index.bucket_bound(len(index), length_cuts=False) == -math.inf
         assert index.forwards > rows_before + len(index) // 2  # rows did run again
+
+
+@pytest.mark.parametrize("cap", [None, 3])
+def test_a_table_model_gives_its_sparse_rows_itself(monkeypatch, cap):
+    """Over an NGramLM a sparse index asks the model for the kept cells (next_logprobs_above)
+    instead of V-wide rows: same sequences, order and bounds as whole rows, through deepenings
+    that run rows again (kept margin made tiny); cuts (branch_cap, the max_len depth) still
+    take whole rows."""
+    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.5)
+    calls = {"above": 0, "agree": 0}
+    above, agree = NGramLM.next_logprobs_above, seek_mod._agree_sparse
+
+    @functools.wraps(above)  # still this package's method (a foreign one gets whole rows)
+    def spy_above(self, *a):
+        calls["above"] += 1
+        return above(self, *a)
+
+    def spy_agree(*a):
+        calls["agree"] += 1
+        return agree(*a)
+
+    monkeypatch.setattr(NGramLM, "next_logprobs_above", spy_above)
+    monkeypatch.setattr(seek_mod, "_agree_sparse", spy_agree)
+    rng = np.random.default_rng(4)
+    v = 1500
+    seqs = [tuple(int(t) for t in rng.zipf(1.4, size=rng.integers(1, 5)) % (v - 1) + 1) + (0,) for _ in range(400)]
+    draft = NGramLM.fit(seqs, order=3, vocab_size=v, eos=0, max_len=6)
+    kw = dict(initial_bits=6.0, branch_cap=cap, progress=False)
+    sparse, dense = SeekIndex(draft, **kw), SeekIndex(draft, row_storage="dense", **kw)
+    whole = SeekIndex(draft, **kw)  # sparse rows cut from whole rows here: the same kept cells
+    whole._above_rows = lambda depth: False
+    assert sparse.row_storage == "auto" and all(c.sparse for c in sparse._chunks)
+    for bits in (8.0, 11.0, 13.0, 15.0):
+        for index in (sparse, dense, whole):
+            index.ensure_bits(bits)
+        assert state(sparse) == state(dense) == state(whole)
+    assert sparse.forwards > dense.forwards  # rows ran again
+    assert calls["above"] > 0 if cap is None else calls["above"] == 0
+    assert calls["agree"] > 0 if cap is None else calls["agree"] == 0
+    for index in (sparse, whole):  # growth by count reads the kept rows' histograms: the same
+        index.ensure_count(4000)
+    assert (len(sparse) >= 4000 or cap) and state(sparse) == state(whole)
+    assert sparse.nbytes == whole.nbytes
+
+
+def test_sparse_rows_computed_again_agree_cell_by_cell():
+    """_agree_sparse (a sparse row run again for a deeper budget): stored cells keep their stored
+    values even where the fresh row moved or dropped them; new cells and the bound are clipped
+    to the stored bound."""
+    from jaxrescore.index.rows import RowChunk
+
+    f32 = lambda *x: np.array(x, np.float32)  # noqa: E731
+    kept = RowChunk(np.array([7, 9]), ptr=np.array([0, 2, 3]), tok=np.array([1, 3, 0], np.int32),
+                    val=f32(-1.0, -2.0, -0.5), rest=f32(-3.0, -4.0))
+    fresh = RowChunk(np.array([7, 9]), ptr=np.array([0, 3, 5]), tok=np.array([1, 2, 4, 0, 2], np.int32),
+                     val=f32(-1.1, -2.5, -3.5, -0.4, -3.0), rest=f32(-5.0, -3.5))
+    got = seek_mod._agree_sparse(kept, fresh)
+    np.testing.assert_array_equal(got.ids, [7, 9])
+    np.testing.assert_array_equal(got.ptr, [0, 4, 6])
+    np.testing.assert_array_equal(got.tok, [1, 2, 3, 4, 0, 2])
+    np.testing.assert_array_equal(got.val, f32(-1.0, -3.0, -2.0, -3.5, -0.5, -4.0))
+    np.testing.assert_array_equal(got.rest, f32(-5.0, -4.0))

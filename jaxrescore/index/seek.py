@@ -77,7 +77,7 @@ from tqdm.auto import tqdm
 
 from jaxrescore.index.rows import RowChunk
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.checked import check_protocol, model_rows
+from jaxrescore.models.checked import check_protocol, model_rows, own_rows
 from jaxrescore.quantize import LN2, MAX_BUDGET_BITS, NO_BUCKET, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PathLike, Tokens
@@ -680,9 +680,10 @@ class SeekIndex:
                     continue
                 todo = np.concatenate(pending[depth])
                 pending[depth] = []
-                for lo in range(0, todo.size, self._rows_per_call()):
-                    ids = todo[lo : lo + self._rows_per_call()]
-                    chunk = self._keep(ids, self._cut(ids, depth, self._forward(ids, depth)), budget)
+                per = self._rows_per_call(depth)
+                for lo in range(0, todo.size, per):
+                    ids = todo[lo : lo + per]
+                    chunk = self._expand(ids, depth, budget)
                     self._pending -= ids.size
                     frontier = min(frontier, self._admit(chunk, -1, budget, pending))
                     bar.update(ids.size)
@@ -691,22 +692,58 @@ class SeekIndex:
         self._budget = budget
         self.builds += 1
 
-    def _rows_per_call(self) -> int:
-        """Prefixes per model call: ``chunk_rows``, fewer for a wide vocabulary (a call's whole
-        rows stay within ``ROW_CELLS`` cells)."""
+    def _rows_per_call(self, depth: int) -> int:
+        """Prefixes per model call: ``chunk_rows``, fewer for whole rows of a wide vocabulary (a
+        call's whole rows stay within ``ROW_CELLS`` cells)."""
+        if self._above_rows(depth):
+            return self.chunk_rows
         return max(1, min(self.chunk_rows, ROW_CELLS // max(int(self.model.vocab_size), self._width, 1)))
+
+    def _above_rows(self, depth: int) -> bool:
+        """Whether the rows of prefixes of length ``depth`` come sparse from the model itself
+        (``next_logprobs_above``: a table model that never builds ``V`` cells), not as whole rows
+        sparsified here: sparse storage, one of this package's models, and no cut at this depth
+        (cuts need whole rows; the root's row is kept whole)."""
+        if depth == 0 or not self._sparse_rows() or not own_rows(self.model, "next_logprobs_above"):
+            return False
+        capped = self.branch_cap is not None and self.branch_cap < int(self.model.vocab_size)
+        return not capped and not (self.eos is not None and depth + 1 == self.max_len)
+
+    def _expand(self, ids: np.ndarray, depth: int, budget: int) -> RowChunk:
+        """Run the model on the prefixes of nodes ``ids`` (all of length ``depth``) and keep their
+        rows (after the cuts) for a build up to ``budget``."""
+        if not self._above_rows(depth):
+            return self._keep(ids, self._cut(ids, depth, self._forward(ids, depth)), budget)
+        return self._store(self._expand_above(ids, depth, budget), int(self.model.vocab_size))
+
+    def _expand_above(self, ids: np.ndarray, depth: int, budget: int) -> RowChunk:
+        """The sparse rows the model gives itself (``next_logprobs_above``) for the prefixes of
+        nodes ``ids``: the cells a build up to ``budget`` keeps, and the bound on the rest."""
+        ptr, tok, val, rest = self.model.next_logprobs_above(
+            self._fixed_prefixes(ids, depth), np.full(ids.size, depth, np.int32), self._keep_threshold(ids, budget)
+        )
+        self._count_rows(ids.size, depth)
+        return RowChunk(ids, ptr=ptr, tok=tok, val=val, rest=rest)
+
+    def _keep_threshold(self, ids: np.ndarray, budget: int) -> np.ndarray:
+        """float32[b]: the cells a sparse row of nodes ``ids`` keeps in a build up to ``budget``
+        (those a deepening within ``KEEP_MARGIN_BITS`` beyond it could admit)."""
+        keep_hi = budget + math.ceil(KEEP_MARGIN_BITS * self.quantizer.scale)
+        return self._threshold(self._nodes.fb[ids], keep_hi)
 
     def _keep(self, ids: np.ndarray, rows: np.ndarray, budget: int) -> RowChunk:
         """Store fresh rows (after the cuts): whole, or sparse with a bound on the rest."""
         if self._sparse_rows():
-            scale = self.quantizer.scale
-            keep_hi = budget + math.ceil(KEEP_MARGIN_BITS * scale)
-            chunk = RowChunk.sparsify(ids, rows, self._threshold(self._nodes.fb[ids], keep_hi))
+            chunk = RowChunk.sparsify(ids, rows, self._keep_threshold(ids, budget))
         else:
             chunk = RowChunk(ids, dense=rows)
+        return self._store(chunk, rows.shape[1])
+
+    def _store(self, chunk: RowChunk, width: int) -> RowChunk:
+        """Add a chunk of kept rows (whole rows ``width`` wide, or sparse ones of that vocabulary)."""
         self._chunks.append(chunk)
-        self._n_rows += ids.size
-        self._width = max(self._width, rows.shape[1])
+        self._n_rows += chunk.size
+        self._width = max(self._width, width)
         return chunk
 
     def _refresh(self, budget: int) -> None:
@@ -732,10 +769,14 @@ class SeekIndex:
         depth = self._nodes.depth[old.ids]
         for d in np.unique(depth).tolist():
             at = old.select(depth == d)
-            for lo in range(0, at.size, self._rows_per_call()):
-                part = at.part(lo, min(lo + self._rows_per_call(), at.size))
-                rows = _agree(part, self._forward(part.ids, d))
-                self._keep(part.ids, self._cut(part.ids, d, rows, count=False), budget)
+            per = self._rows_per_call(d)
+            for lo in range(0, at.size, per):
+                part = at.part(lo, min(lo + per, at.size))
+                if self._above_rows(d):
+                    self._store(_agree_sparse(part, self._expand_above(part.ids, d, budget)), self._width)
+                else:
+                    rows = _agree(part, self._forward(part.ids, d))
+                    self._keep(part.ids, self._cut(part.ids, d, rows, count=False), budget)
 
     def _step_buckets(self, rows: np.ndarray) -> np.ndarray:
         """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
@@ -819,10 +860,8 @@ class SeekIndex:
         b = ids.size
         session = self._decoding_session()
         if session is not None:  # parents' caches held: one token position per row
-            prefixes = np.zeros((b, max(depth, 1)), np.int32)
-            prefixes[:, :depth] = self._decode_fixed(ids, depth)
             before = session.positions
-            rows = session.next_logprobs(prefixes, np.full(b, depth, np.int32))
+            rows = session.next_logprobs(self._fixed_prefixes(ids, depth), np.full(b, depth, np.int32))
             self.positions += session.positions - before
             self.forwards += b
             if depth == 0 and self._root_row is None:
@@ -832,7 +871,6 @@ class SeekIndex:
         prefixes[:b, :depth] = self._decode_fixed(ids, depth)
         lengths = np.zeros(prefixes.shape[0], np.int32)
         lengths[:b] = depth
-        self.positions += b * (depth + 1 + len(getattr(self.model, "prompt", ()) or ()))
         rows = np.asarray(model_rows(self.model, prefixes, lengths))
         if rows.ndim != 2 or rows.shape[0] != prefixes.shape[0]:
             raise ValueError(
@@ -842,10 +880,21 @@ class SeekIndex:
         rows = rows[:b].astype(np.float32)
         if np.isnan(rows.max(initial=-np.inf)):
             raise ValueError("model.next_logprobs returned NaN log-probs")
-        self.forwards += b
+        self._count_rows(b, depth)
         if depth == 0 and self._root_row is None:
             self._root_row = rows[0].copy()
         return rows
+
+    def _fixed_prefixes(self, ids: np.ndarray, depth: int) -> np.ndarray:
+        """int32[b, max(depth, 1)]: the prefixes of nodes ``ids`` (all of length ``depth``)."""
+        prefixes = np.zeros((ids.size, max(depth, 1)), np.int32)
+        prefixes[:, :depth] = self._decode_fixed(ids, depth)
+        return prefixes
+
+    def _count_rows(self, b: int, depth: int) -> None:
+        """Count ``b`` model rows of full forwards over prefixes of length ``depth``."""
+        self.forwards += b
+        self.positions += b * (depth + 1 + len(getattr(self.model, "prompt", ()) or ()))
 
     def _decoding_session(self):
         """The model's :class:`~jaxrescore.models.decoding.DecodingSession` (None when it has no
@@ -1449,6 +1498,28 @@ def _agree(kept: RowChunk, rows: np.ndarray) -> np.ndarray:
     rows = np.minimum(rows, kept.rest[:, None])
     rows[r, tok] = val
     return rows
+
+
+def _agree_sparse(kept: RowChunk, fresh: RowChunk) -> RowChunk:
+    """:func:`_agree` for sparse rows: the fresh sparse rows of the prefixes of ``kept`` (cells
+    at or above a lower threshold than ``kept``'s), made to agree with what the index holds. The
+    kept cells keep their stored values; every other fresh cell is clipped to the stored bound
+    ``rest``, and so is the fresh bound (a bound on every cell left out either way)."""
+    rk, tk, vk = kept.all_cells()
+    rf = fresh.rows_of_cells()
+    wide = max(kept.width, fresh.width, 1)
+    stored = np.sort(rk * wide + tk)
+    key = rf * wide + fresh.tok
+    at = np.minimum(np.searchsorted(stored, key), max(stored.size - 1, 0))
+    new = stored[at] != key if stored.size else np.ones(key.size, bool)
+    rows = np.concatenate([rk, rf[new]])
+    tok = np.concatenate([tk, fresh.tok[new].astype(np.int64)])
+    val = np.concatenate([vk, np.minimum(fresh.val[new], kept.rest[rf[new]])])
+    order = np.lexsort((tok, rows))
+    ptr = np.zeros(kept.size + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=kept.size), out=ptr[1:])
+    rest = np.minimum(fresh.rest, kept.rest).astype(np.float32)
+    return RowChunk(kept.ids, ptr=ptr, tok=tok[order].astype(np.int32), val=val[order].astype(np.float32), rest=rest)
 
 
 def _add_upper(a: int | float, b: int | float) -> int | float:

@@ -31,15 +31,16 @@ from jaxrescore.models.callable import SIGN_TOL, _check_rows
 from jaxrescore.sequences import checked_batch
 
 
-def own_rows(model) -> bool:
-    """Whether ``model``'s ``next_logprobs`` is this package's own (so its rows need no check):
-    its class's method is defined in :mod:`jaxrescore.models`, and for a prompted model its
-    base's is too. A subclass that overrides ``next_logprobs`` is a foreign model."""
-    method = getattr(type(model), "next_logprobs", None)
-    if not getattr(method, "__module__", "").startswith("jaxrescore.models."):
+def own_rows(model, method: str = "next_logprobs") -> bool:
+    """Whether ``model``'s ``method`` (``next_logprobs``, or another row method such as
+    ``next_logprobs_above``) is this package's own (so its rows need no check): its class's method
+    is defined in :mod:`jaxrescore.models`, and for a prompted model its base's is too. A subclass
+    that overrides it is a foreign model."""
+    fn = getattr(type(model), method, None)
+    if not getattr(fn, "__module__", "").startswith("jaxrescore.models."):
         return False
     base = getattr(model, "base", None)
-    return base is None or own_rows(base)
+    return base is None or own_rows(base, method)
 
 
 def check_protocol(model, what: str = "model") -> tuple[int, int | None, int]:

@@ -103,6 +103,36 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offsets, counts) + np.arange(total)
 
 
+class _Scratch:
+    """Flat per-cell scratch arrays for sparse row queries (``row * V + token`` of a block),
+    written and read only at the cells a query touches, so nothing ``V`` wide is scanned.
+
+    Attributes:
+      p: float64[n], touched cells' probabilities (:meth:`NGramLM._touched`).
+      stamp: int64[n], for :meth:`first`.
+      flag: bool[n], all False between calls of :meth:`marked`.
+    """
+
+    def __init__(self, n: int):
+        self.p = np.empty(n, np.float64)
+        self.stamp = np.empty(n, np.int64)
+        self.flag = np.zeros(n, bool)
+
+    def first(self, keys: np.ndarray) -> np.ndarray:
+        """bool[E]: one True per distinct key of ``keys`` (whichever write of a repeated key wins,
+        exactly one position reads its own stamp back)."""
+        pos = np.arange(keys.size)
+        self.stamp[keys] = pos
+        return self.stamp[keys] == pos
+
+    def marked(self, keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+        """bool[Q]: whether each of ``queries`` is one of ``keys``."""
+        self.flag[keys] = True
+        out = self.flag[queries]
+        self.flag[keys] = False
+        return out
+
+
 class NGramLM(DeviceBatched):
     """Interpolated Kneser-Ney n-gram LM over sparse back-off tables (build with :meth:`fit`).
 
@@ -154,6 +184,10 @@ class NGramLM(DeviceBatched):
         self.base_row = base
         with np.errstate(divide="ignore"):
             self._log_base = np.log(base).astype(np.float32)  # the untouched cells of a row add to it
+        # tokens by P_0, likeliest first (stable), and -log P_0 in that order: the untouched cells
+        # of any row, best first (see _cells_above)
+        self._base_order = np.argsort(-self._log_base, kind="stable")
+        self._base_neg_sorted = -self._log_base[self._base_order]
         self._table = None  # the dense cache (see DENSE_CELLS), built on first use
         self._offsets = np.cumsum([0] + [lv.keys.size for lv in levels])[:-1]
         # the entry key ctx * V + tok of every term, sorted (CSR order): one searchsorted per step
@@ -433,40 +467,97 @@ class NGramLM(DeviceBatched):
             return self._sparse_rows(chain)
         return self._sparse_rows(uniq)[inv.reshape(-1)]
 
+    def _touched(self, chain: np.ndarray, coef: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """Sum the cells of rows ``chain`` that some seen n-gram touches into the scratch ``p``
+        (float64, flat ``row * V + token``), in the order :meth:`_probs` sums them (base, then
+        level by level), so a row and a step agree bit for bit. Returns their flat keys (int64[E];
+        a cell recurs once per level that touches it). Cost: the touched cells, never ``V``."""
+        v = self.vocab_size
+        keys, adds = [], []
+        for k in range(1, self.order):
+            seen = np.flatnonzero(chain[:, k] >= 0)
+            if seen.size == 0:
+                continue
+            lv = self.levels[k]
+            start, stop = lv.ptr[chain[seen, k]], lv.ptr[chain[seen, k] + 1]
+            idx = _ranges(start, stop - start)
+            who = np.repeat(seen, stop - start)
+            cells = who * v + lv.tok[idx]
+            p[cells] = coef[who, 0] * self.base_row[lv.tok[idx]]
+            keys.append(cells)
+            adds.append(coef[who, k] * lv.val[idx])
+        for cells, add in zip(keys, adds):  # level order, as _probs adds them; one term per cell a level
+            p[cells] += add
+        return np.concatenate(keys) if keys else np.zeros(0, np.int64)
+
     def _sparse_rows(self, chain: np.ndarray) -> np.ndarray:
         """:meth:`_dense` from the sparse levels, in blocks of ``ROW_CELLS`` cells.
 
         A cell no seen n-gram touches is ``P_0`` scaled: its log is ``log coef_0 + log P_0``, an
-        add per cell (no ``log`` over ``V`` cells a row); the few touched cells are summed in the
-        order :meth:`_probs` sums them (base, then level by level), so a row and a step agree
-        bit for bit."""
+        add per cell (no ``log`` over ``V`` cells a row); the few touched cells come from
+        :meth:`_touched`."""
         m, v = chain.shape[0], self.vocab_size
         out = np.empty((m, v), np.float32)
         per = max(1, ROW_CELLS // max(v, 1))
+        p = np.empty(min(per, m) * v, np.float64)  # written (and read) only at touched cells
         for lo in range(0, m, per):
             ch = chain[lo : lo + per]
             coef = self._coefs(ch)
             block = out[lo : lo + per]
             _untouched_logs(coef[:, :1], self._log_base[None, :], out=block)
-            p = np.empty(block.size, np.float64)  # written (and read) only at touched cells
-            levels = []
-            for k in range(1, self.order):
-                seen = np.flatnonzero(ch[:, k] >= 0)
-                if seen.size == 0:
-                    continue
-                lv = self.levels[k]
-                start, stop = lv.ptr[ch[seen, k]], lv.ptr[ch[seen, k] + 1]
-                idx = _ranges(start, stop - start)
-                who = np.repeat(seen, stop - start)
-                cells = who * v + lv.tok[idx]  # flat (row, token); a cell may recur across levels
-                p[cells] = coef[who, 0] * self.base_row[lv.tok[idx]]
-                levels.append((cells, coef[who, k] * lv.val[idx]))
-            for cells, add in levels:  # level order, as _probs adds them; one term per cell a level
-                p[cells] += add
-            if levels:
-                cells = np.concatenate([c for c, _ in levels])
-                block.reshape(-1)[cells] = _logs(p[cells])
+            keys = self._touched(ch, coef, p)
+            block.reshape(-1)[keys] = _logs(p[keys])
         return out
+
+    def _cells_above(self, chain: np.ndarray, thr: np.ndarray):
+        """:meth:`next_logprobs_above` for context chains ``int64[M, order]``, in blocks of
+        ``ROW_CELLS`` cells (scratch only: nothing ``V`` wide is built or scanned)."""
+        m, v = chain.shape[0], self.vocab_size
+        per = max(1, ROW_CELLS // max(v, 1))
+        scratch = _Scratch(min(per, m) * v)
+        parts = [self._block_above(chain[lo : lo + per], thr[lo : lo + per], scratch) for lo in range(0, m, per)]
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.concatenate([np.diff(q) for q, _, _, _ in parts]) if parts else [], out=ptr[1:])
+        cat = lambda i, dtype: np.concatenate([q[i] for q in parts]) if parts else np.zeros(0, dtype)  # noqa: E731
+        return ptr, cat(1, np.int32), cat(2, np.float32), cat(3, np.float32)
+
+    def _block_above(self, chain: np.ndarray, thr: np.ndarray, scratch: "_Scratch"):
+        """One block of :meth:`_cells_above`.
+
+        The untouched cells of a row are ``float32(log coef_0) + log P_0``: a float32 add of one
+        constant, monotone in ``log P_0``, so those at or above a threshold are a prefix of the
+        tokens sorted by ``P_0`` (``_base_order``). Each row takes that prefix (found with a
+        little slack against rounding) plus as many cells more as it has touched ones and one
+        beyond: the untouched cells of that window then hold every kept one and the largest one
+        left out. The touched cells are summed into the scratch (:meth:`_touched`)."""
+        m, v = chain.shape[0], self.vocab_size
+        coef = self._coefs(chain)
+        keys = self._touched(chain, coef, scratch.p)
+        keys = keys[scratch.first(keys)]  # each touched cell once
+        t_row, t_val = keys // v, _logs(scratch.p[keys])
+        with np.errstate(divide="ignore"):
+            c = np.log(coef[:, 0]).astype(np.float32)
+        c64, thr64 = c.astype(np.float64), thr.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            cutoff = thr64 - c64 - 1e-5 * (1.0 + np.abs(thr64) + np.abs(c64))
+        cutoff = np.where(np.isneginf(c), np.inf, cutoff)  # every untouched cell -inf: none kept
+        n_above = np.searchsorted(self._base_neg_sorted, -cutoff, side="right")
+        width = np.minimum(n_above + np.bincount(t_row, minlength=m) + 1, v)
+        u_row = np.repeat(np.arange(m, dtype=np.int64), width)
+        u_tok = self._base_order[_ranges(np.zeros(m, np.int64), width)]
+        untouched = ~scratch.marked(keys, u_row * v + u_tok)
+        u_row, u_tok = u_row[untouched], u_tok[untouched]
+        row = np.concatenate([t_row, u_row])
+        tok = np.concatenate([keys % v, u_tok])
+        val = np.concatenate([t_val, c[u_row] + self._log_base[u_tok]])
+        above = val >= thr[row]
+        rest = np.full(m, -np.inf, np.float32)
+        np.maximum.at(rest, row[~above], val[~above])
+        keep = np.flatnonzero(above & np.isfinite(val))
+        keep = keep[np.lexsort((tok[keep], row[keep]))]
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.bincount(row[keep], minlength=m), out=ptr[1:])
+        return ptr, tok[keep].astype(np.int32), val[keep], rest
 
     def _windows(self, batch: SequenceBatch, width: int) -> np.ndarray:
         """int64[N, width, order-1]: the BOS-padded context before each of positions 0..width-1
@@ -540,14 +631,43 @@ class NGramLM(DeviceBatched):
           lengths: int32[B], each in ``[0, max_len - 1]``.
         """
         batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
-        prefixes, lengths = batch
         if batch.size == 0:
             return np.zeros((0, self.vocab_size), np.float32)
+        return self._dense(self._prefix_chain(batch))
+
+    def next_logprobs_above(self, prefixes: ArrayLike, lengths: ArrayLike, thresholds: ArrayLike):
+        """The cells of each :meth:`next_logprobs` row at or above a threshold, and a bound on the
+        rest, without building the ``V``-wide rows (what a ``SeekIndex`` over a wide vocabulary
+        keeps; see :mod:`jaxrescore.index.rows`).
+
+        Args:
+          prefixes: int32[B, T], left-aligned prefixes.
+          lengths: int32[B], each in ``[0, max_len - 1]``.
+          thresholds: float32[B], one per row (``-inf`` keeps every finite cell).
+
+        Returns:
+          ``(ptr, tok, val, rest)``: row ``b``'s finite cells with log-prob ``>= thresholds[b]`` are
+          ``tok[ptr[b]:ptr[b+1]]`` (int32, ascending) with log-probs ``val`` (float32, the values of
+          :meth:`next_logprobs` bit for bit); ``rest: float32[B]`` is the largest finite log-prob
+          of a cell left out (``-inf`` when none is).
+        """
+        batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
+        thr = np.asarray(thresholds)
+        if thr.shape != (batch.size,) or not np.issubdtype(thr.dtype, np.floating) or np.isnan(thr).any():
+            raise ValueError(
+                f"thresholds must be {batch.size} float log-probs (one per prefix, no NaN); got shape "
+                f"{thr.shape}, dtype {thr.dtype}"
+            )
+        return self._cells_above(self._prefix_chain(batch), thr.astype(np.float32))
+
+    def _prefix_chain(self, batch: SequenceBatch) -> np.ndarray:
+        """int64[B, order]: the context chain after each (checked) prefix."""
+        prefixes, lengths = batch
         k_top = self.order - 1
         padded = np.full((batch.size, k_top + prefixes.shape[1]), self.vocab_size, np.int64)
         padded[:, k_top:] = np.where(batch.mask, prefixes, 0)
         window = np.take_along_axis(padded, lengths[:, None] + np.arange(k_top)[None, :], axis=1)
-        return self._dense(self._chain(window))
+        return self._chain(window)
 
 
 def _check_corpus(sequences, order, vocab_size, eos, max_len, discount, weights):
