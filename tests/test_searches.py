@@ -87,3 +87,50 @@ def test_estimate_top_gap_measures_the_region_of_the_answers():
     assert est.two_sided == pytest.approx(np.abs(t - d)[keep].max())
     with pytest.raises(ValueError, match="k must"):
         estimate_top_gap(d_model, t_model, 0)
+
+
+def _greedy_by_hand(table, prefixes, eos, max_len, branch):
+    """Greedy completion one row at a time (the specification of ``greedy_complete``): the
+    likeliest token (the lowest id among ties), eos forced at max_len - 1, the first step forked
+    into the ``branch`` likeliest finite tokens, new rows after the old; duplicates once."""
+    rows, first = [list(p) for p in prefixes], True
+
+    def done(r):
+        return (eos is not None and r and r[-1] == eos) or len(r) >= max_len
+
+    while True:
+        alive = [i for i, r in enumerate(rows) if not done(r)]
+        if not alive:
+            return list(dict.fromkeys(tuple(r) for r in rows))
+        for i in alive:
+            if eos is not None and len(rows[i]) == max_len - 1:
+                rows[i].append(eos)
+                continue
+            lp = table.steps[tuple(rows[i])]
+            order = sorted(range(len(lp)), key=lambda t: (-lp[t], t))[: branch if first else 1]
+            rows += [rows[i] + [t] for t in order[1:] if np.isfinite(lp[t])]
+            rows[i].append(order[0])
+        first = False
+
+
+@pytest.mark.parametrize("eos, branch", [(None, 1), (None, 3), (2, 1), (2, 2), (0, 4)])
+def test_greedy_completion_matches_the_one_row_at_a_time_rule(eos, branch):
+    from jaxrescore.rescore.frontier import Structure
+    from jaxrescore.rescore.search import greedy_complete
+
+    rng = np.random.default_rng(branch)
+    table = TableModel(4, 5, 11 + branch, eos=eos)
+    for p, row in table.steps.items():  # ties and impossible tokens, as real rows have
+        if rng.random() < 0.3:
+            row[rng.integers(4)] = -np.inf
+        if rng.random() < 0.3:
+            row[:] = np.round(row, 0)
+        row -= np.logaddexp.reduce(row)  # ties stay ties
+    body = [t for t in range(4) if t != eos]
+    prefixes = [()] + [tuple(rng.choice(body, size=n)) for n in rng.integers(0, 5, size=12)]
+    if eos is not None:
+        prefixes += [(body[0], eos), (eos,)]
+    structure = Structure(vocab_size=4, eos=eos, max_len=5)
+    got = greedy_complete(as_model(table, batched=True), prefixes, structure, branch=branch)
+    assert got == _greedy_by_hand(table, prefixes, eos, 5, branch)
+    assert greedy_complete(as_model(table, batched=True), [], structure, branch=branch) == []

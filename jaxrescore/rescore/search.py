@@ -136,40 +136,47 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
     from jaxrescore.models.decoding import incremental
 
     model = incremental(model)
-    rows = [list(p) for p in prefixes]
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))
-
-    def done(r):
-        return (eos is not None and r and r[-1] == eos) or len(r) >= max_len
-
+    # rows: int32[N, max_len] padded sequences and their lengths, grown one column per step
+    lens = np.array([len(p) for p in prefixes], np.int64)
+    rows = np.zeros((len(prefixes), max(max_len, int(lens.max(initial=0)), 1)), np.int32)
+    for i, p in enumerate(prefixes):
+        rows[i, : len(p)] = p
     first = True
     while True:
-        alive = [i for i, r in enumerate(rows) if not done(r)]
+        alive = lens < max_len
+        if eos is not None:  # a row that ended with eos is complete
+            alive &= ~((lens > 0) & (rows[np.arange(lens.size), np.maximum(lens - 1, 0)] == eos))
         if eos is not None:  # the last position: only eos leads into the support
-            for i in [i for i in alive if len(rows[i]) == max_len - 1]:
-                rows[i].append(eos)
-            alive = [i for i in alive if not done(rows[i])]
-        if not alive:
-            return list(dict.fromkeys(tuple(r) for r in rows))
-        if any(len(rows[i]) >= limit for i in alive):
+            at_end = alive & (lens == max_len - 1)
+            rows[at_end, max_len - 1] = eos
+            lens[at_end] += 1
+            alive &= ~at_end
+        idx = np.flatnonzero(alive)
+        if idx.size == 0:
+            return list(dict.fromkeys(tuple(r[:n].tolist()) for r, n in zip(rows, lens)))
+        if lens[idx].max() >= limit:
             raise ValueError(
                 f"the completion model (max_len={limit}) cannot extend a prefix to the target's "
                 f"max_len={max_len}; pass draft_model= a model as long as the target"
             )
-        width = max(1, max(len(rows[i]) for i in alive))
-        toks = np.zeros((len(alive), width), np.int32)
-        for j, i in enumerate(alive):
-            toks[j, : len(rows[i])] = rows[i]
-        lens = np.array([len(rows[i]) for i in alive], np.int32)
-        lp = np.where(np.isnan(lp := np.asarray(model.next_logprobs(toks, lens), np.float64)), -np.inf, lp)
-        take = branch if first else 1
-        order = np.argsort(-lp, axis=1, kind="stable")[:, :take]
-        for j, i in enumerate(alive):
-            for t in order[j, 1:]:
-                if np.isfinite(lp[j, t]):
-                    rows.append(rows[i] + [int(t)])
-            rows[i].append(int(order[j, 0]))
+        width = max(1, int(lens[idx].max()))
+        lp = np.asarray(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
+        lp = np.where(np.isnan(lp), -np.inf, lp)
+        if first and branch > 1:
+            order = np.argsort(-lp, axis=1, kind="stable")[:, :branch]
+            # forks: each alive row's 2nd..branch-th likeliest finite tokens, as new rows at the end
+            j, c = np.nonzero(np.isfinite(np.take_along_axis(lp, order[:, 1:], axis=1)))
+            forks = rows[idx[j]]
+            forks[np.arange(j.size), lens[idx[j]]] = order[j, c + 1]
+            best = order[:, 0]
+        else:
+            j, forks, best = np.zeros(0, np.int64), rows[:0], np.argmax(lp, axis=1)  # first max, as the stable sort
+        rows[idx, lens[idx]] = best
+        fork_lens = lens[idx[j]] + 1
+        lens[idx] += 1
+        rows, lens = np.concatenate([rows, forks]), np.concatenate([lens, fork_lens])
         first = False
 
 
