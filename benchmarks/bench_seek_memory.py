@@ -54,7 +54,7 @@ def build(vocab, length, bits, side, timeout):
 def run(quick: bool = False, out_dir=None) -> str:
     models = ((32, 6),) if quick else ((32, 6), (64, 8))
     budgets = (12, 16) if quick else (12, 16, 20, 24, 28)
-    timeout = 60 if quick else 300
+    timeout = 60
     with_mixle = have_mixle() and not quick
     rows, points = [], []
     for vocab, length in models:

@@ -262,7 +262,8 @@ def _top_m_exits(s, trie, structure, nodes, occ, prefix_score, floor=-np.inf) ->
     allowed = ~child & np.isfinite(vals) & ~last[:, None]
     if floor > -np.inf and allowed.any():
         worth = prefix_score[nodes][:, None] + vals
-        best = np.unravel_index(np.argmax(np.where(allowed, np.nan_to_num(worth, nan=np.inf), -np.inf)), worth.shape)
+        # argmax finds a NaN first (a node whose score is unknown never clears: it must stay)
+        best = np.unravel_index(np.argmax(np.where(allowed, worth, -np.inf)), worth.shape)
         allowed &= ~(worth < floor)
         allowed[best] = True
     k_idx, j_idx = np.nonzero(allowed)
