@@ -150,10 +150,11 @@ def run(quick: bool = False, out_dir=None, n_ranks: int = 2000) -> str:
     if not quick:
         text += "\n" + deep(with_mixle) + "\n"
     text += reference_note(quick) + """
-What to read in it: jaxrescore's envelope never returns a sequence twice (by construction for any
-model without zero-probability tokens: a prefix is never handed more ranks than it has
-completions) and answers every rank up to its estimated support; compare the reference's
-"distinct" columns and failed ranks. The price is accuracy where the mean-field envelope is wrong
+What to read in it: jaxrescore's envelope is built never to return a sequence twice (for any
+model without zero-probability tokens a prefix is never handed more ranks than it has
+completions; its "distinct" columns show it held in this run) and to answer every rank up to
+its estimated support (a rank it could not answer would raise, not count as failed); compare
+the reference's "distinct" columns and failed ranks. The price is accuracy where the mean-field envelope is wrong
 (sharp, context-dependent rows): ranks the envelope over-assigns to a prefix must go to other
 real sequences, often deeper ones, while the reference maps them to the same nearby sequence
 again. Lookahead (reading the children's rows one step before the leaves) is the default at

@@ -154,10 +154,10 @@ two indexes' sequences, rank by rank.
 
 {t2}
 
-What it says: with caches a next-token row costs one token position whatever the prompt, so its
-time stays nearly flat from 4 to 512 prompt tokens (what grows is attention over the cached
-positions), while a full forward grows with the prompt; a SeekIndex build over a transformer
-draft computes one position per new prefix. Correctness is in tests/test_models_decoding.py
+What it says: with caches a next-token row costs one token position whatever the prompt
+(column "positions/row (cached)"; its time grows only with attention over the cached positions),
+while a full forward's positions grow with the prompt; the SeekIndex builds' "positions per new
+prefix" column gives what a build over a transformer draft computes. Correctness is in tests/test_models_decoding.py
 (cached rows equal full forwards to float32 noise; builds, best-first and greedy completion match
 the uncached paths).
 """

@@ -123,10 +123,10 @@ vocabulary, `bin_width_bits=1`, `oversample=8`):
        [[f"{r['n']:,}", f"{r['index_s']:.0f} s", f"{r['rows']:,}", f"{r['nodes']:,}", _mib(r["index_bytes"]),
          f"{r['index_bytes'] / max(r['n'], 1):,.0f}", _mib(r["whole_rows"]), _mib(r["peak"]), ok]])}
 
-Each expanded prefix costs one full next-token row from the n-gram model (V cells built on the
-host, then reduced to the kept cells and a bound): the build time is those rows. An EOS model's
-index expands every prefix within its budget, and sentences of this length have many more
-probable prefixes than complete sentences ({r['rows'] / max(r['n'], 1):.1f} rows per sequence here).
+Each expanded prefix costs one next-token query of the n-gram model, which returns only the cells
+the index keeps and a bound on the rest (`NGramLM.next_logprobs_above`: its touched cells and a
+prefix of the tokens sorted by unigram probability, never V cells). An EOS model's index expands
+every prefix within its budget: {r['rows'] / max(r['n'], 1):.1f} rows per indexed sequence here.
 """
     return section("Large vocabulary: sparse n-gram tables and SeekIndex memory at V = 50,257", COMMAND, text)
 

@@ -128,7 +128,7 @@ depends on the position and the previous token) and the same quantizer (`bin_wid
 `oversample=8`) on both sides: build the draft index to a {bits:g}-bit budget, then read the first
 {read:,} sequences back. jaxrescore gets the model as a jitted batched JAX function
 (`CallableModel(batched=True)`), mixle the same table as its per-prefix `next_logprobs` plus its
-`batch_next_logprobs` hook (batch 4096), its fastest configuration. Best of {repeat} on each side.
+`batch_next_logprobs` hook (batch 4096). Best of {repeat} on each side for the warm rows.
 
 {table(["", "build", f"read {read:,}", "total"], rows, "lrrr")}
 

@@ -103,9 +103,10 @@ between runs, so compare within a run).
 
 {table(["layers", "params", "rows per call", "batched seq/s", "loop seq/s", "speed-up", "GFLOP/s", "of peak"], rows, "rrlrrrrr")}
 
-On CPU a device call of ~2048 tokens (128 rows of 16), whose activations stay in cache, is the
-default (`DeviceBatched.chunk_tokens`: 2048 tokens per device on CPU, 65536 on accelerators; set
-`chunk_tokens` or `chunk_rows` to override).
+The library's default device call is ~2048 tokens on CPU (128 rows of 16;
+`DeviceBatched.chunk_tokens`: 2048 tokens per device on CPU, 65536 on accelerators; set
+`chunk_tokens` or `chunk_rows` to override); the table's rows-per-call column shows where this
+run's best rate fell.
 
 Issue 12's target (teacher forcing at >= 60% of the measured matmul peak at its best batch):
 {"met" if best >= 0.6 else "MISSED"}, {best:.1%}.

@@ -484,7 +484,7 @@ def _text(quick, models, nll, main, hard, seconds) -> str:
             f"Queries: the top-k continuations of {', '.join(repr(p) for p in prompts_text)}, summed over the "
             "prompts (calls too: one prompt after another), except `rescore_many`, which proves every prompt at "
             f"once with one target call per round; then the same methods on the expensive prompt "
-            f"'{wide.HARD_PROMPT}' at k = {TARGET_K} (every continuation is 11-15 words: a relative clause, "
+            f"'{wide.HARD_PROMPT}' at k = {TARGET_K} (every continuation is a relative clause, "
             "then the main clause)."
         )
     body = f"""
@@ -515,7 +515,7 @@ sequences (its first k, in quantized order, are its answer); beam is `jaxrescore
 (jitted, t5x-style, no KV cache), its best k finished hypotheses. Target rows are prefixes expanded
 or sequences teacher-forced (plus full rows fetched); token positions are what those forwards
 compute (a prefix of n tokens without a cache: n + 1 with BOS; teacher-forcing n tokens: n; prompts
-included). The proof's forwards are teacher forcing, which a KV cache does not shorten.
+included).
 Draft indexes are grown one bit at a time before the queries (their cost is the draft's, in the
 per-prompt table). Times: {runs_note}.
 
