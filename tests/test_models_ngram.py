@@ -193,8 +193,9 @@ def _rows_above_cases(m, rng, n=60):
 @pytest.mark.parametrize("dense_cache", [True, False])
 def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch, dense_cache):
     """next_logprobs_above (what a SeekIndex over a wide vocabulary asks a table model for) gives
-    exactly the cells of next_logprobs at or above each threshold, and the largest one left out,
-    with or without the dense cache, for a fitted model and one of a dense table with zeros."""
+    exactly the cells of next_logprobs at or above each threshold, and a bound on the ones left
+    out (at least the largest, below the threshold), with or without the dense cache, for a
+    fitted model and one of a dense table with zeros."""
     from jaxrescore.index.rows import RowChunk
     from jaxrescore.models import ngram
 
@@ -213,9 +214,11 @@ def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch,
         arr, lens, rows, thr = _rows_above_cases(m, rng)
         want = RowChunk.sparsify(np.arange(len(lens)), rows, thr)
         ptr, tok, val, rest = m.next_logprobs_above(arr, lens, thr)
-        for got, exp in ((ptr, want.ptr), (tok, want.tok), (val, want.val), (rest, want.rest)):
+        for got, exp in ((ptr, want.ptr), (tok, want.tok), (val, want.val)):
             assert got.dtype == exp.dtype
             np.testing.assert_array_equal(got, exp)
+        assert rest.dtype == np.float32 and (rest >= want.rest).all()  # bounds every cell left out
+        assert (rest < thr)[np.isfinite(thr)].all()  # and never claims a cell the threshold keeps
         assert np.isneginf(rest[np.isneginf(thr)]).all()  # a -inf threshold keeps every finite cell
     with pytest.raises(ValueError, match="thresholds"):
         fitted.next_logprobs_above(arr[:2], lens[:2], np.zeros(3, np.float32))

@@ -94,6 +94,31 @@ def _untouched_logs(coef0: np.ndarray, log_base: np.ndarray, out: np.ndarray | N
         return np.add(np.log(coef0).astype(np.float32), log_base, out=out)
 
 
+def _count_at_least(vals: np.ndarray, start: np.ndarray, stop: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """int64[b]: how many of ``vals[start[i]:stop[i]]`` (each run descending) are ``>= x[i]``: a
+    binary search of every run at once."""
+    lo, hi = start.copy(), stop.copy()
+    while True:
+        act = np.flatnonzero(lo < hi)
+        if act.size == 0:
+            return lo - start
+        mid = (lo[act] + hi[act]) // 2
+        ge = vals[mid] >= x[act]
+        lo[act[ge]] = mid[ge] + 1
+        hi[act[~ge]] = mid[~ge]
+
+
+def _log_upper(p: np.ndarray) -> np.ndarray:
+    """float32[b], at least every float32 log-prob this model computes for a probability up to
+    ``p`` (float64 >= 0; its own rounding included): ``-inf`` for 0, clipped to <= 0."""
+    with np.errstate(divide="ignore"):
+        lg = np.log(p)
+    up = lg.astype(np.float32)
+    f = np.isfinite(lg)
+    up[f] = np.nextafter((lg[f] + 1e-6 * (1.0 + np.abs(lg[f]))).astype(np.float32), np.float32(np.inf))
+    return np.minimum(up, np.float32(0.0))
+
+
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + c) for s, c in zip(starts, counts)])``, vectorised."""
     total = int(counts.sum())
@@ -101,36 +126,6 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     offsets = np.cumsum(counts) - counts
     return np.repeat(starts - offsets, counts) + np.arange(total)
-
-
-class _Scratch:
-    """Flat per-cell scratch arrays for sparse row queries (``row * V + token`` of a block),
-    written and read only at the cells a query touches, so nothing ``V`` wide is scanned.
-
-    Attributes:
-      p: float64[n], touched cells' probabilities (:meth:`NGramLM._touched`).
-      stamp: int64[n], for :meth:`first`.
-      flag: bool[n], all False between calls of :meth:`marked`.
-    """
-
-    def __init__(self, n: int):
-        self.p = np.empty(n, np.float64)
-        self.stamp = np.empty(n, np.int64)
-        self.flag = np.zeros(n, bool)
-
-    def first(self, keys: np.ndarray) -> np.ndarray:
-        """bool[E]: one True per distinct key of ``keys`` (whichever write of a repeated key wins,
-        exactly one position reads its own stamp back)."""
-        pos = np.arange(keys.size)
-        self.stamp[keys] = pos
-        return self.stamp[keys] == pos
-
-    def marked(self, keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-        """bool[Q]: whether each of ``queries`` is one of ``keys``."""
-        self.flag[keys] = True
-        out = self.flag[queries]
-        self.flag[keys] = False
-        return out
 
 
 class NGramLM(DeviceBatched):
@@ -184,10 +179,11 @@ class NGramLM(DeviceBatched):
         self.base_row = base
         with np.errstate(divide="ignore"):
             self._log_base = np.log(base).astype(np.float32)  # the untouched cells of a row add to it
-        # tokens by P_0, likeliest first (stable), and -log P_0 in that order: the untouched cells
-        # of any row, best first (see _cells_above)
-        self._base_order = np.argsort(-self._log_base, kind="stable")
-        self._base_neg_sorted = -self._log_base[self._base_order]
+        # tokens by P_0, likeliest first, and -P_0 in that order (ascending: searchsorted finds how
+        # many have P_0 >= x); each level's terms by value come on first use (see _cells_above)
+        self._base_order = np.argsort(-base, kind="stable")
+        self._base_neg = -base[self._base_order]
+        self._terms_by_value = None
         self._table = None  # the dense cache (see DENSE_CELLS), built on first use
         self._offsets = np.cumsum([0] + [lv.keys.size for lv in levels])[:-1]
         # the entry key ctx * V + tok of every term, sorted (CSR order): one searchsorted per step
@@ -433,12 +429,13 @@ class NGramLM(DeviceBatched):
                 running = np.where(seen, running * g, running)
         return coef
 
-    def _probs(self, chain: np.ndarray, words: np.ndarray) -> np.ndarray:
-        """float32[M]: ``log P(words[i] | context i)``, each cell as :meth:`_sparse_rows` computes it."""
+    def _probs(self, chain: np.ndarray, words: np.ndarray, coef: np.ndarray | None = None) -> np.ndarray:
+        """float32[M]: ``log P(words[i] | context i)``, each cell as :meth:`_sparse_rows` computes it
+        (``coef``: the chains' :meth:`_coefs`, when known)."""
         table = self._dense_table()
         if table is not None:
             return table[self._row_ids(chain), words]
-        coef = self._coefs(chain)
+        coef = self._coefs(chain) if coef is None else coef
         p = coef[:, 0] * self.base_row[words]
         touched = np.zeros(words.size, bool)
         v = self.vocab_size
@@ -510,54 +507,61 @@ class NGramLM(DeviceBatched):
         return out
 
     def _cells_above(self, chain: np.ndarray, thr: np.ndarray):
-        """:meth:`next_logprobs_above` for context chains ``int64[M, order]``, in blocks of
-        ``ROW_CELLS`` cells (scratch only: nothing ``V`` wide is built or scanned)."""
-        m, v = chain.shape[0], self.vocab_size
-        per = max(1, ROW_CELLS // max(v, 1))
-        scratch = _Scratch(min(per, m) * v)
-        parts = [self._block_above(chain[lo : lo + per], thr[lo : lo + per], scratch) for lo in range(0, m, per)]
-        ptr = np.zeros(m + 1, np.int64)
-        np.cumsum(np.concatenate([np.diff(q) for q, _, _, _ in parts]) if parts else [], out=ptr[1:])
-        cat = lambda i, dtype: np.concatenate([q[i] for q in parts]) if parts else np.zeros(0, dtype)  # noqa: E731
-        return ptr, cat(1, np.int32), cat(2, np.float32), cat(3, np.float32)
+        """:meth:`next_logprobs_above` for context chains ``int64[M, order]``.
 
-    def _block_above(self, chain: np.ndarray, thr: np.ndarray, scratch: "_Scratch"):
-        """One block of :meth:`_cells_above`.
-
-        The untouched cells of a row are ``float32(log coef_0) + log P_0``: a float32 add of one
-        constant, monotone in ``log P_0``, so those at or above a threshold are a prefix of the
-        tokens sorted by ``P_0`` (``_base_order``). Each row takes that prefix (found with a
-        little slack against rounding) plus as many cells more as it has touched ones and one
-        beyond: the untouched cells of that window then hold every kept one and the largest one
-        left out. The touched cells are summed into the scratch (:meth:`_touched`)."""
+        A cell's probability is a sum of ``order`` components: ``coef_0 * P_0(t)`` and
+        ``coef_k * term_k(t)`` per seen level. The candidates of a row are the tokens with some
+        component at least ``cut = exp(threshold) / (2 * order)``: a prefix of the tokens sorted by
+        ``P_0`` and of each level's terms sorted by value (:meth:`_by_value`). Any other token has
+        every component below ``cut``, so its probability is below ``left`` (the sum of each
+        component's largest one left out) ``< exp(threshold) / 2``: it is never kept, and
+        ``log left`` (rounded up) bounds it. Candidates get their exact log-probs from
+        :meth:`_probs`, the cells a row gives bit for bit. Cost per row: its candidates, never
+        ``V`` and never the whole of a context's terms."""
         m, v = chain.shape[0], self.vocab_size
         coef = self._coefs(chain)
-        keys = self._touched(chain, coef, scratch.p)
-        keys = keys[scratch.first(keys)]  # each touched cell once
-        t_row, t_val = keys // v, _logs(scratch.p[keys])
-        with np.errstate(divide="ignore"):
-            c = np.log(coef[:, 0]).astype(np.float32)
-        c64, thr64 = c.astype(np.float64), thr.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            cutoff = thr64 - c64 - 1e-5 * (1.0 + np.abs(thr64) + np.abs(c64))
-        cutoff = np.where(np.isneginf(c), np.inf, cutoff)  # every untouched cell -inf: none kept
-        n_above = np.searchsorted(self._base_neg_sorted, -cutoff, side="right")
-        width = np.minimum(n_above + np.bincount(t_row, minlength=m) + 1, v)
-        u_row = np.repeat(np.arange(m, dtype=np.int64), width)
-        u_tok = self._base_order[_ranges(np.zeros(m, np.int64), width)]
-        untouched = ~scratch.marked(keys, u_row * v + u_tok)
-        u_row, u_tok = u_row[untouched], u_tok[untouched]
-        row = np.concatenate([t_row, u_row])
-        tok = np.concatenate([keys % v, u_tok])
-        val = np.concatenate([t_val, c[u_row] + self._log_base[u_tok]])
+        cut = np.exp(thr.astype(np.float64)) / (2 * self.order)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(coef > 0, cut[:, None] / coef, np.inf)  # per component: P_0 or term >= x
+        rows, toks = [], []
+        n0 = np.searchsorted(self._base_neg, -x[:, 0], side="right")  # P_0 >= x, largest first
+        rows.append(np.repeat(np.arange(m, dtype=np.int64), n0))
+        toks.append(self._base_order[_ranges(np.zeros(m, np.int64), n0)])
+        left = coef[:, 0] * -self._base_neg[np.minimum(n0, v - 1)] * (n0 < v)
+        by_value = self._by_value()
+        for k in range(1, self.order):
+            seen = np.flatnonzero(chain[:, k] >= 0)
+            if seen.size == 0:
+                continue
+            tok_k, val_k = by_value[k]
+            start, stop = self.levels[k].ptr[chain[seen, k]], self.levels[k].ptr[chain[seen, k] + 1]
+            n = _count_at_least(val_k, start, stop, x[seen, k])
+            rows.append(np.repeat(seen, n))
+            toks.append(tok_k[_ranges(start, n)])
+            more = start + n < stop
+            left[seen[more]] += coef[seen[more], k] * val_k[(start + n)[more]]
+        keys = np.sort(np.concatenate(rows) * v + np.concatenate(toks))
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys  # (np.unique hashes: slower)
+        row, tok = np.divmod(keys, v)  # row-major, tokens ascending
+        val = self._probs(chain[row], tok, coef[row])
         above = val >= thr[row]
-        rest = np.full(m, -np.inf, np.float32)
+        rest = _log_upper(left)
         np.maximum.at(rest, row[~above], val[~above])
-        keep = np.flatnonzero(above & np.isfinite(val))
-        keep = keep[np.lexsort((tok[keep], row[keep]))]
+        keep = above & np.isfinite(val)
         ptr = np.zeros(m + 1, np.int64)
         np.cumsum(np.bincount(row[keep], minlength=m), out=ptr[1:])
         return ptr, tok[keep].astype(np.int32), val[keep], rest
+
+    def _by_value(self) -> list:
+        """Per context length ``k >= 1``: each context's terms by value, largest first, as
+        ``(tok int32[E], val float64[E])`` in the level's CSR layout (built once)."""
+        if self._terms_by_value is None:
+            out = [None]
+            for lv in self.levels[1:]:
+                order = np.lexsort((-lv.val, np.repeat(np.arange(lv.keys.size), np.diff(lv.ptr))))
+                out.append((lv.tok[order], lv.val[order]))
+            self._terms_by_value = out
+        return self._terms_by_value
 
     def _windows(self, batch: SequenceBatch, width: int) -> np.ndarray:
         """int64[N, width, order-1]: the BOS-padded context before each of positions 0..width-1
