@@ -105,7 +105,7 @@ QUICK_CERTIFY_CAP = 1024
 # Timing: a method whose warm-up took over SLOW seconds is timed once after it (not 3 times);
 # over VERY_SLOW, the warm-up itself is the measurement (the section stays within minutes).
 SLOW = 1.0
-VERY_SLOW = 10.0
+VERY_SLOW = 3.0
 
 
 def grow_index(model, n: int, index: SeekIndex | None = None) -> SeekIndex:

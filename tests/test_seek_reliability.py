@@ -516,6 +516,25 @@ def test_growing_one_rank_at_a_time_takes_logarithmically_many_passes():
     assert len(index) <= seek_mod.GROWTH_FLOOR * 3000 * GROWTH_FACTOR
 
 
+@pytest.mark.parametrize("kind", ["peaked", "eos-softmax"])
+def test_a_short_first_prediction_decides_as_the_full_span_would(monkeypatch, kind):
+    """Growth predictions are causal, so reading FIRST_SPAN_BITS first (the far cells of kept rows
+    unread) picks the same budgets as reading PREDICT_SPAN buckets every time."""
+    eos = 0 if kind.startswith("eos") else None
+    model = table_model(6, 6, 4, eos=eos, scale=4.0 if kind == "peaked" else 1.5)
+
+    def grown(first_bits):
+        monkeypatch.setattr(seek_mod, "FIRST_SPAN_BITS", first_bits)
+        index = SeekIndex(model, initial_bits=1.0, max_depth_bits=80.0, progress=False)
+        budgets = []
+        for n in (3, 40, 300, 2500, 20_000):
+            index.ensure_count(n)
+            budgets.append(index._budget)
+        return budgets, index.forwards
+
+    assert grown(2.0) == grown(seek_mod.FIRST_SPAN_BITS) == grown(1e9)
+
+
 # -- item 8: saving huge dropped counts; format versions ----------------------------------------------
 
 

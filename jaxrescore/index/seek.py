@@ -36,7 +36,10 @@ each expanded prefix's row sparse (:mod:`jaxrescore.index.rows`): the cells whos
 within ``KEEP_MARGIN_BITS`` beyond the budget, and a bound on the rest. Memory
 then grows with the sequences indexed, not with V. The bound keeps the frontier (and so
 ``bucket_bound``) sound, and a deepening whose budget reaches a row's bound runs the model on that
-prefix again before admitting its children (counted in ``forwards``).
+prefix again before admitting its children (counted in ``forwards``). A table model of this package
+that offers ``next_logprobs_above(prefixes, lengths, thresholds)`` (:class:`~jaxrescore.models.NGramLM`) hands over
+the kept cells and a bound itself, so no ``V``-wide row is ever built (except where ``branch_cap``
+or the ``max_len`` cut needs one, and the root's).
 
 Limits. ``max_bytes`` (default :func:`default_max_bytes`) and ``max_nodes`` cap the index's size,
 counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept whole row (a sparse
@@ -104,6 +107,8 @@ GROWTH_FLOOR = 1.5
 THIN_ROWS = 32
 # Buckets beyond the built budget that one growth prediction covers (the DP is O(span**2)).
 PREDICT_SPAN = 2048
+# ... of which the first prediction reads this many bits (the full span only when they fall short).
+FIRST_SPAN_BITS = 16
 # Next-token cells sampled (over all depths) for the step histograms of the growth prediction.
 SAMPLE_CELLS = 1 << 20
 # Predicted counts saturate here: far above any limit, far below float64 overflow.
@@ -547,17 +552,23 @@ class SeekIndex:
         at a time then costs a logarithmic number of passes), falling back to ``n`` alone, and then
         to the furthest budget predicted to fit the limits, when that would not fit."""
         b, max_budget = self._budget, self._max_budget
-        span = min(max_budget - b, PREDICT_SPAN)
-        pred = self._predict(span)
-        if pred is None:  # nothing kept to predict from: grow geometrically
-            return min(max(b + max(b, self.quantizer.oversample), self._frontier_min), max_budget)
-        seqs, nodes, nbytes = pred
-        fits = nbytes <= self.max_bytes
-        if self.max_nodes is not None:
-            fits &= nodes <= self.max_nodes
+        full = min(max_budget - b, PREDICT_SPAN)
+        # Predictions are causal (the one at u reads only buckets up to b + 1 + u), so a short span
+        # gives the same ones there at a fraction of the cost (the far cells of every kept row
+        # stay unread): it decides when it already reaches ``roomy`` within the limits.
+        for span in sorted({min(full, math.ceil(FIRST_SPAN_BITS * self.quantizer.scale)), full}):
+            pred = self._predict(span)
+            if pred is None:  # nothing kept to predict from: grow geometrically
+                return min(max(b + max(b, self.quantizer.oversample), self._frontier_min), max_budget)
+            seqs, nodes, nbytes = pred
+            fits = nbytes <= self.max_bytes
+            if self.max_nodes is not None:
+                fits &= nodes <= self.max_nodes
+            spare = np.flatnonzero(seqs >= roomy)
+            if spare.size and fits[spare[0]]:
+                break
         reach = np.flatnonzero(seqs >= n)
         u = int(reach[0]) if reach.size else span - 1
-        spare = np.flatnonzero(seqs >= roomy)
         if spare.size and fits[spare[0]]:
             u = max(u, int(spare[0]))
         elif not fits[u]:
