@@ -96,9 +96,9 @@ def _summary(names, ratios) -> str:
     weight_only = [ratios[n][m][0] for n in names for m in ("int8 weights", "int8, dequantise per call")]
     dev = lambda m: _span([ratios[n][m][2] for n in names])  # noqa: E731
     return (
-        f"What it says: in teacher forcing the W8A8 twin ran {per_shape} its target's speed"
+        f"What it says: against its float32 target, the W8A8 twin's teacher forcing ran {per_shape} as fast"
         + (f" (cached next-token rows: {_span(rows)}x)" if rows else "")
-        + f", with 4x smaller weights; the weight-only twins ran at {_span(weight_only)}x, since every "
+        + f"; the weight-only twins ran at {_span(weight_only)}x, since every "
         "forward turns int8 weights back into float32 ones. W8A8 moved a step's log-prob by up to "
         f"{dev('int8 W8A8')} nats here (random weights) against {dev('int8 weights')} for weight-only: "
         "a draft's deviation, measured by `max_step_deviation`, never the target's. An accelerator "
@@ -115,9 +115,9 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     ]
     if quick:
         shapes = [(n, c, 64) for n, c, _ in shapes[:2]]
-    parts, ratios = [], {}
+    parts, ratios, n_rows = [], {}, 256 if not quick else 32
     for name, cfg, n in shapes:
-        rows, ratios[name] = measure(cfg, n, 256 if not quick else 32, repeats)
+        rows, ratios[name] = measure(cfg, n, n_rows, repeats)
         head = (f"**{name}**: V={cfg.vocab_size}, d_model {cfg.d_model}, {cfg.n_layers} layers, d_ff "
                 f"{cfg.ff_width}, {n} sequences of {cfg.max_len} tokens scored per call")
         parts.append(head + "\n\n" + table(
@@ -130,7 +130,7 @@ was (int8 weights, the whole tree dequantised inside every forward, then the flo
 dequantised where it is used); "int8 W8A8" is `quantize_int8(model)`, the default (each dense
 layer quantises its input per token and multiplies int8 by int8 with int32 accumulation). Times
 are the best of {repeats} interleaved rounds after a compiling warm-up: one `score_sequences` call
-over the batch (teacher forcing) and, per row, a `DecodingSession` call expanding 256 children of
+over the batch (teacher forcing) and, per row, a `DecodingSession` call expanding {n_rows} children of
 held parents (one token position each). Deviation: `max_step_deviation` over 64 of the sequences.
 
 {chr(10).join(p + chr(10) for p in parts)}
