@@ -124,9 +124,9 @@ vocabulary, `bin_width_bits=1`, `oversample=8`):
          f"{r['index_bytes'] / max(r['n'], 1):,.0f}", _mib(r["whole_rows"]), _mib(r["peak"]), ok]])}
 
 Each expanded prefix costs one next-token query of the n-gram model, which returns only the cells
-the index keeps and a bound on the rest (`NGramLM.next_logprobs_above`: its touched cells and a
-prefix of the tokens sorted by unigram probability, never V cells). An EOS model's index expands
-every prefix within its budget: {r['rows'] / max(r['n'], 1):.1f} rows per indexed sequence here.
+the index keeps and a bound on the rest (`NGramLM.next_logprobs_above`: candidates read off the
+unigram and each context's terms sorted by probability, never V cells). An EOS model's index
+expands every prefix within its budget: {r['rows'] / max(r['n'], 1):.1f} rows per indexed sequence here.
 """
     return section("Large vocabulary: sparse n-gram tables and SeekIndex memory at V = 50,257", COMMAND, text)
 

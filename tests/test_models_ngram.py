@@ -220,6 +220,10 @@ def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch,
         assert rest.dtype == np.float32 and (rest >= want.rest).all()  # bounds every cell left out
         assert (rest < thr)[np.isfinite(thr)].all()  # and never claims a cell the threshold keeps
         assert np.isneginf(rest[np.isneginf(thr)]).all()  # a -inf threshold keeps every finite cell
+        with monkeypatch.context() as mp:  # rows in blocks of a few candidates: the same answer
+            mp.setattr(ngram, "CANDIDATE_CELLS", 5)
+            for got, exp in zip(m.next_logprobs_above(arr, lens, thr), (ptr, tok, val, rest)):
+                np.testing.assert_array_equal(got, exp)
     with pytest.raises(ValueError, match="thresholds"):
         fitted.next_logprobs_above(arr[:2], lens[:2], np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="thresholds"):

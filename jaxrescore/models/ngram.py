@@ -44,6 +44,8 @@ from jaxrescore.typing import ArrayLike, Sequences
 MAX_ORDER = 16
 # Cells (rows x V) of dense float64 rows built at once: bounds the temporaries of a row query.
 ROW_CELLS = 1 << 22
+# Candidate cells of sparse row queries (next_logprobs_above) handled at once: bounds temporaries.
+CANDIDATE_CELLS = 1 << 21
 # Up to this many cells (contexts x V), the full float32 row of every seen context is also
 # materialised once (a cache, like the dense tables of old): a lookup is then one gather.
 DENSE_CELLS = 1 << 24
@@ -523,10 +525,9 @@ class NGramLM(DeviceBatched):
         cut = np.exp(thr.astype(np.float64)) / (2 * self.order)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(coef > 0, cut[:, None] / coef, np.inf)  # per component: P_0 or term >= x
-        rows, toks = [], []
+        # runs of candidates: (rows ascending, first index into source, how many, source tokens)
         n0 = np.searchsorted(self._base_neg, -x[:, 0], side="right")  # P_0 >= x, largest first
-        rows.append(np.repeat(np.arange(m, dtype=np.int64), n0))
-        toks.append(self._base_order[_ranges(np.zeros(m, np.int64), n0)])
+        runs = [(np.arange(m, dtype=np.int64), np.zeros(m, np.int64), n0, self._base_order)]
         left = coef[:, 0] * -self._base_neg[np.minimum(n0, v - 1)] * (n0 < v)
         by_value = self._by_value()
         for k in range(1, self.order):
@@ -536,21 +537,40 @@ class NGramLM(DeviceBatched):
             tok_k, val_k = by_value[k]
             start, stop = self.levels[k].ptr[chain[seen, k]], self.levels[k].ptr[chain[seen, k] + 1]
             n = _count_at_least(val_k, start, stop, x[seen, k])
-            rows.append(np.repeat(seen, n))
-            toks.append(tok_k[_ranges(start, n)])
+            runs.append((seen, start, n, tok_k))
             more = start + n < stop
             left[seen[more]] += coef[seen[more], k] * val_k[(start + n)[more]]
-        keys = np.sort(np.concatenate(rows) * v + np.concatenate(toks))
+        rest = _log_upper(left)
+        # blocks of rows holding about CANDIDATE_CELLS candidates (a shallow row of a deep budget
+        # can take most of V), so the temporaries stay bounded
+        per_row = sum(np.bincount(r, weights=c, minlength=m) for r, _, c, _ in runs)
+        csum = np.cumsum(per_row)
+        kept, lo = [], 0
+        while lo < m:
+            hi = max(lo + 1, int(np.searchsorted(csum, (csum[lo - 1] if lo else 0) + CANDIDATE_CELLS, side="right")))
+            kept.append(self._block_above(chain, thr, coef, runs, rest, lo, min(hi, m)))
+            lo = hi
+        row, tok, val = (np.concatenate(parts) for parts in zip(*kept)) if kept else (np.zeros(0, np.int64),) * 3
+        ptr = np.zeros(m + 1, np.int64)
+        np.cumsum(np.bincount(row, minlength=m), out=ptr[1:])
+        return ptr, tok.astype(np.int32), val.astype(np.float32), rest
+
+    def _block_above(self, chain, thr, coef, runs, rest, lo: int, hi: int):
+        """The kept cells ``(row, token, log-prob)`` of rows ``lo:hi`` (row-major, tokens
+        ascending) from their candidate ``runs``; raises ``rest`` to the candidates left out."""
+        v = self.vocab_size
+        keys = []
+        for rows, start, count, source in runs:
+            a, b = np.searchsorted(rows, [lo, hi])
+            keys.append(np.repeat(rows[a:b], count[a:b]) * v + source[_ranges(start[a:b], count[a:b])])
+        keys = np.sort(np.concatenate(keys))
         keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys  # (np.unique hashes: slower)
-        row, tok = np.divmod(keys, v)  # row-major, tokens ascending
+        row, tok = np.divmod(keys, v)
         val = self._probs(chain[row], tok, coef[row])
         above = val >= thr[row]
-        rest = _log_upper(left)
         np.maximum.at(rest, row[~above], val[~above])
         keep = above & np.isfinite(val)
-        ptr = np.zeros(m + 1, np.int64)
-        np.cumsum(np.bincount(row[keep], minlength=m), out=ptr[1:])
-        return ptr, tok[keep].astype(np.int32), val[keep], rest
+        return row[keep], tok[keep], val[keep]
 
     def _by_value(self) -> list:
         """Per context length ``k >= 1``: each context's terms by value, largest first, as
