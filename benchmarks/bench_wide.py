@@ -357,8 +357,8 @@ def measure_set(models, prompts_text: list, ks, repeats: int, started: float, jo
                 checks.append(dict(k=k, prompt=text, **row))
             records.append((k, text, rows, extras))
             print(f"wide: top-{k} of {text!r} measured ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-        if joint:
-            for name, draft in models["drafts"].items():
+        if joint:  # with the student draft (the 3-gram's would repeat its separate proofs' rows)
+            for name, draft in [(n, d) for n, d in models["drafts"].items() if n == "student"]:
                 (results, cost), seconds, runs = joint_prove(
                     models, draft, [indexes[p][name] for p in prompts], prompts, k, repeats)
                 label = f"prove jointly (rescore_many), {name} draft"
@@ -482,7 +482,7 @@ def _text(quick, models, nll, main, hard, seconds) -> str:
     else:
         queries = (
             f"Queries: the top-k continuations of {', '.join(repr(p) for p in prompts_text)}, summed over the "
-            "prompts (calls too: one prompt after another), except `rescore_many`, which proves every prompt at "
+            "prompts (calls too: one prompt after another), except `rescore_many` (with the student draft), which proves every prompt at "
             f"once with one target call per round; then the same methods on the expensive prompt "
             f"'{wide.HARD_PROMPT}' at k = {TARGET_K} (every continuation is a relative clause, "
             "then the main clause)."

@@ -60,14 +60,14 @@ def test_quick_run(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| top-10 of 'the dog' |")]
     methods = [r.split(" | ")[1] for r in rows]
     for name in ("best-first (batch 10)", "best-first, KV cache (batch 10)", "prove, 3-gram draft", "prove, student draft",
-                 "prove jointly (rescore_many), 3-gram draft", "prove jointly (rescore_many), student draft",
+                 "prove jointly (rescore_many), student draft",
                  "certified, 3-gram draft", "certified, student draft", "SeekIndex(target)", "beam (B = 10)",
                  "beam (B = 40)"):
         assert name in methods, (name, methods)
     # Every proven or certified claim was compared with best-first's answer in the run itself:
     # every proof must agree; a certificate may only be wrong where its assumed gap is false.
     proofs = re.search(r"(\d+) of (\d+) proven answers equal best-first's exact answer", text)
-    assert proofs and proofs.group(1) == proofs.group(2) and int(proofs.group(2)) >= 4, text
+    assert proofs and proofs.group(1) == proofs.group(2) and int(proofs.group(2)) >= 3, text
     assert "WRONG" not in text
     certs = re.search(r"(\d+) of (\d+) certified answers do(.*)", text)
     assert certs and (certs.group(1) == certs.group(2) or "is false there" in certs.group(3))
