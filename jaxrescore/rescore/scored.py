@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxrescore.models.frontier import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.frontier import ScoredArrays, Structure
+from jaxrescore.sequences import from_tuples
 
 
 def target_structure(target: Any) -> Structure | None:
@@ -99,6 +100,8 @@ class ScoredSet:
         self._draft: list[np.ndarray] = []
         self._ranks: list[np.ndarray] = []
         self._blocks: list[tuple] = []  # per add: (rows, FrontierScores)
+        self._adds: list[int] = []  # per add: its first sequence
+        self._packed: list = []  # per add, built on demand: padded tokens and (width, _padded parts)
         self._cache: ScoredArrays | None = None
         self.calls = 0
         self.sequences = 0
@@ -149,6 +152,7 @@ class ScoredSet:
             self.calls += 1
         self.sequences += len(seqs)
         scores, block = scored
+        self._adds.append(len(self.seqs))
         for i, s in enumerate(seqs, start=len(self.seqs)):
             self.where[s] = i
         self.seqs.extend(seqs)
@@ -189,15 +193,21 @@ class ScoredSet:
     def _arrays(self) -> ScoredArrays:
         if self._cache is not None:
             return self._cache
-        n = len(self.seqs)
-        length = max([len(s) for s in self.seqs] + [1])
-        tokens = np.full((n, length), -1, np.int64)
-        for i, s in enumerate(self.seqs):
-            tokens[i, : len(s)] = s
-        lengths = np.array([len(s) for s in self.seqs], np.int64)
+        ends = self._adds[1:] + [len(self.seqs)]
+        for i in range(len(self._packed), len(self._adds)):  # each add packed once, on demand
+            batch = from_tuples(self.seqs[self._adds[i] : ends[i]])
+            self._packed.append([np.where(batch.mask, batch.tokens, -1).astype(np.int64), batch.lengths, None])
+        length = max([t.shape[1] for t, _, _ in self._packed] + [1])
+        tokens = np.concatenate([np.zeros((0, length), np.int64)] + [
+            np.pad(t, ((0, 0), (0, length - t.shape[1])), constant_values=-1) for t, _, _ in self._packed])
+        lengths = np.concatenate([np.zeros(0, np.int64)] + [n.astype(np.int64) for _, n, _ in self._packed])
         width = max([b[1].steps.shape[1] for b in self._blocks] + [1])
         m = self._blocks[0][1].top_lps.shape[2] if self._blocks else 1
-        parts = [_padded(rows, fs, width, m) for rows, fs in self._blocks]
+        parts = []
+        for packed, (rows, fs) in zip(self._packed, self._blocks):
+            if packed[2] is None or packed[2][0] != width:  # a wider later block re-pads the rest
+                packed[2] = (width, _padded(rows, fs, width, m))
+            parts.append(packed[2][1])
         cols = list(zip(*parts)) if parts else [[np.zeros(0, np.int64)], [np.zeros((0, width))],
                                                  [np.zeros((0, width, m), np.float32)],
                                                  [np.zeros((0, width, m), np.int32)],
