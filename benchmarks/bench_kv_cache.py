@@ -119,7 +119,7 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     )
     prompt = tuple(int(t) for t in rng.integers(1, 28, size=64))
     cases = [("names target", names, 10 if quick else 16),
-             ("random, 64-token prompt", rand.with_prompt(prompt), 8 if quick else 13)]
+             ("random, 64-token prompt", rand.with_prompt(prompt), 8 if quick else 12)]
     rows2 = seek_rows(cases, repeats)
     t1 = table(
         ["prompt tokens", "full forward ms/row", "positions/row", "prompt cache ms/row",

@@ -58,7 +58,8 @@ def run(quick: bool = False, out_dir=None) -> str:
     with_mixle = have_mixle() and not quick
     rows, points = [], []
     for vocab, length in models:
-        mixle_dead = None  # the reference's error at a smaller budget: larger ones are skipped
+        mixle_dead = None  # why larger budgets of the reference are skipped (an error, or a prediction)
+        mixle_times: list = []
         for bits in budgets:
             ours = build(vocab, length, bits, "ours", timeout)
             row = [f"V={vocab} L={length}", bits]
@@ -70,10 +71,12 @@ def run(quick: bool = False, out_dir=None) -> str:
                 points.append((vocab, length, bits, ours["seconds"], ours["peak"]))
             if with_mixle:
                 if mixle_dead:
-                    theirs = {"error": f"skipped (a smaller budget: {mixle_dead})"}
+                    theirs = {"error": f"skipped ({mixle_dead})"}
                 else:
                     theirs = build(vocab, length, bits, "mixle", timeout)
-                    mixle_dead = theirs.get("error")
+                    mixle_dead = theirs.get("error") and f"a smaller budget: {theirs['error']}"
+                    mixle_times.append(theirs.get("seconds"))
+                    mixle_dead = mixle_dead or _over_cut(mixle_times, timeout)
                 row += [theirs.get("error") or f"{theirs['seconds']:.2f} s",
                         "" if "error" in theirs else f"{theirs['peak'] / 2**20:.0f} MiB"]
             rows.append(row)
@@ -92,6 +95,18 @@ cut at {timeout} s (the subprocess's start included).
 {reference_note(quick)}{plot}
 """
     return section("SeekIndex build time and peak memory against the bit budget", COMMAND, text)
+
+
+def _over_cut(times: list, cut: float) -> str | None:
+    """Why the reference's next budget is skipped: the growth of its last two build times
+    (measured here, 4 bits apart) predicts it past the cut; None otherwise."""
+    if len(times) < 2 or not times[-2] or not times[-1] or times[-2] < 0.5:
+        return None
+    predicted = times[-1] * times[-1] / times[-2]
+    if predicted <= cut:
+        return None
+    return (f"predicted {predicted:.0f} s, over the {cut:.0f} s cut: {times[-2]:.1f} s then {times[-1]:.1f} s "
+            "at the two budgets below")
 
 
 def _plot(points, out_dir) -> str:
