@@ -659,7 +659,9 @@ class NGramLM(DeviceBatched):
             return np.zeros((0, self.vocab_size), np.float32)
         return self._dense(self._prefix_chain(batch))
 
-    def next_logprobs_above(self, prefixes: ArrayLike, lengths: ArrayLike, thresholds: ArrayLike):
+    def next_logprobs_above(
+        self, prefixes: ArrayLike, lengths: ArrayLike, thresholds: ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The cells of each :meth:`next_logprobs` row at or above a threshold, and a bound on the
         rest, without building the ``V``-wide rows (what a ``SeekIndex`` over a wide vocabulary
         keeps; see :mod:`jaxrescore.index.rows`).
