@@ -530,12 +530,12 @@ draft rows, and the assumed gaps of the certified queries:
 The run checks every claim against best-first's answer: {claims}
 """
     if not quick:
-        body += _verdict(ratios)
+        body += _verdict(ratios, nll)
     body += f"\nSection measured in {seconds:.0f} s.\n"
     return body
 
 
-def _verdict(ratios) -> str:
+def _verdict(ratios, nll) -> str:
     lines = []
     for name, items in ratios.items():
         at = [(t, c, r, ok) for k, t, c, r, ok in items if k == TARGET_K]
@@ -551,7 +551,12 @@ def _verdict(ratios) -> str:
 Issue 12's targets at k = {TARGET_K} (the proof with no more target rows than best-first's prefix
 rows, and >= 3x fewer sequential target calls than batched best-first), per prompt:
 
-""" + "\n".join(lines) + "\n"
+""" + "\n".join(lines) + f"""
+
+What sets the rows: the proof's target rows are the paths its draft speculates, so they follow the
+draft's distance from the target; held-out NLL per token here: target {nll['target']:.3f},
+{", ".join(f"{n} {nll[n]:.3f}" for n in ratios)}.
+"""
 
 
 def main(argv=None) -> int:
