@@ -71,12 +71,7 @@ def latency_rows(extents, repeats, with_mixle):
         first = query_ours()
         first_ours = time.perf_counter() - t
         mine, steady_ours = timed(query_ours, repeats)
-        # the target forward alone over the query's candidates: the part no library can skip
-        cands = [s for s, _ in ours.slice(0, min(extent, len(ours)))]
-        target.score_sequences(cands)
-        _, forward = timed(lambda: target.score_sequences(cands), repeats)
-        row = [extent, f"{first_ours * 1e3:.0f} ms", f"{steady_ours * 1e3:.1f} ms", f"{forward * 1e3:.1f} ms",
-               mine.proven]
+        row = [extent, f"{first_ours * 1e3:.0f} ms", f"{steady_ours * 1e3:.1f} ms", None, mine.proven]
         if theirs is not None:
             from mixle.enumeration.rescore import RescoredIndex as MixleRescored
 
@@ -90,6 +85,12 @@ def latency_rows(extents, repeats, with_mixle):
             same = [s for s, _ in mine.items] == [tuple(s) for s, _ in ref.items]
             row += [f"{first_theirs * 1e3:.0f} ms", f"{steady_theirs * 1e3:.1f} ms",
                     f"{first_theirs / first_ours:.2f}x", f"{steady_theirs / steady_ours:.1f}x", same]
+        # the target forward alone over the query's candidates (the part no library can skip),
+        # after both libraries' first queries: the reference's first pays this forward's compiles
+        cands = [s for s, _ in ours.slice(0, min(extent, len(ours)))]
+        _, forward = timed(lambda: target.score_sequences(cands), repeats)
+        row[3] = f"{forward * 1e3:.1f} ms"
+        if theirs is not None:
             ratios.append((extent, first_ours / first_theirs, steady_theirs / steady_ours,
                            forward / steady_ours, steady_theirs / forward))
         rows.append(row)

@@ -26,7 +26,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import wide  # noqa: E402
-from common import section, table  # noqa: E402
+from common import clock, section, table  # noqa: E402
 
 from jaxrescore import RescoredIndex, SeekIndex, rescore_many  # noqa: E402
 from jaxrescore.index import beam_search  # noqa: E402
@@ -143,10 +143,7 @@ def timed(fn, repeats: int, setup=None):
     the warm-up is the measurement (``runs = -1``; its few compiles are small next to it).
     ``repeats=0`` (the --quick smoke run): a single call, compiles included (``runs = 0``)."""
     def once():
-        arg = None if setup is None else setup()
-        t = time.perf_counter()
-        out = fn() if setup is None else fn(arg)
-        return out, time.perf_counter() - t
+        return clock(fn) if setup is None else clock(fn, setup())
 
     first = once()
     if repeats == 0 or first[1] > VERY_SLOW:
@@ -473,7 +470,8 @@ def _text(quick, models, nll, main, hard, seconds) -> str:
     if quick:
         runs_note = "one run each, compiles included: a smoke run"
     else:
-        runs_note = (f"median of 3 runs after a warm-up run (compiles excluded); `*`: the warm-up took over "
+        runs_note = (f"median of 3 runs after a warm-up run (compiles excluded; Python's garbage collector "
+                     "paused during each, as `timeit` does); `*`: the warm-up took over "
                      f"{SLOW:.0f} s on some prompt, one run after it; `‡`: the warm-up took over {VERY_SLOW:.0f} s "
                      "and is the measurement (its few compiles included); `†`: one growth of the index from "
                      "scratch, compiles included")

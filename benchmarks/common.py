@@ -8,6 +8,7 @@ and returns its BENCHMARKS.md section (heading, the command, the setup, the tabl
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import platform
@@ -17,14 +18,26 @@ import time
 
 def timed(fn, repeats: int = 3):
     """``(last result, median seconds)`` of ``repeats`` calls after one warm-up call (which pays
-    the compiles)."""
+    the compiles), each timed by :func:`clock`."""
     fn()
     times, out = [], None
     for _ in range(max(1, repeats)):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
+        out, seconds = clock(fn)
+        times.append(seconds)
     return out, statistics.median(times)
+
+
+def clock(fn, *args):
+    """``(fn(*args), seconds)`` with Python's garbage collector paused during the call, as
+    ``timeit`` does: a full collection (millions of objects after the large proofs) otherwise
+    lands in whichever timed call happens to trigger it."""
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        out = fn(*args)
+        return out, time.perf_counter() - t
+    finally:
+        gc.enable()
 
 
 def run_child(code: str, timeout: float, error_chars: int = 160) -> dict:
