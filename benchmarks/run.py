@@ -1,6 +1,6 @@
 """Regenerate every benchmark table and plot, and write BENCHMARKS.md.
 
-    python3 benchmarks/run.py                 # everything (~20 minutes on 2 cores): BENCHMARKS.md
+    python3 benchmarks/run.py                 # everything (~17 minutes on 2 cores): BENCHMARKS.md
                                               # at the repository root, plots in benchmarks/figures/
     python3 benchmarks/run.py --quick --out DIR   # a smoke run of every section (the tests run it)
     python3 benchmarks/run.py --only latency,proven   # re-measure some sections, replacing them
