@@ -116,7 +116,8 @@ def from_tuples(seqs: Iterable[Sequence[int]], *, length: int | None = None) -> 
 def _flat_int_tokens(seqs: list):
     """``(int64[total] tokens, int64[N] lengths)`` of sequences of plain integer tokens in one
     conversion, or None when any token is not one (bools, floats, nesting, out of range), which
-    the per-sequence checks then name. A batch of thousands converts ~20x faster this way."""
+    the per-sequence checks then name (measured 4x faster than checking 20,000 short tuples one
+    by one)."""
     try:
         lens = np.fromiter(map(len, seqs), np.int64, len(seqs))
         flat = [t for s in seqs for t in s]

@@ -6,10 +6,11 @@ again. A row can be kept whole (``float32[V]``, cells cut by ``branch_cap`` or `
 within a margin beyond the budget (token ids and log-probs, CSR over the chunk's rows), plus
 ``rest``, a bound on the log-prob of every finite cell left out (the largest of them when the
 index cut a whole row; a model's own bound when it gave the sparse row itself; ``-inf`` when none
-was left out). A cell left out has log-prob ``<= rest``, so its child's bucket is at least the parent's plus the step bucket
-of ``rest``: that bounds what the index cut (its frontier) exactly as a whole row would, and says
-when a deeper budget could admit a left-out child, which makes the index run the model on that
-prefix again (``SeekIndex`` re-expands it) before admitting anything from it.
+was left out). A cell left out has log-prob ``<= rest``, so its child's bucket is at least the
+parent's plus the step bucket of ``rest``: that bounds what the index cut (its frontier) as a
+whole row would, and says when a deeper budget could admit a left-out child, which makes the
+index run the model on that prefix again (``SeekIndex`` re-expands it) before admitting
+anything from it.
 """
 
 from __future__ import annotations

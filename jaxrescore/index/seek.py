@@ -36,10 +36,11 @@ each expanded prefix's row sparse (:mod:`jaxrescore.index.rows`): the cells whos
 within ``KEEP_MARGIN_BITS`` beyond the budget, and a bound on the rest. Memory
 then grows with the sequences indexed, not with V. The bound keeps the frontier (and so
 ``bucket_bound``) sound, and a deepening whose budget reaches a row's bound runs the model on that
-prefix again before admitting its children (counted in ``forwards``). A table model of this package
-that offers ``next_logprobs_above(prefixes, lengths, thresholds)`` (:class:`~jaxrescore.models.NGramLM`) hands over
-the kept cells and a bound itself, so no ``V``-wide row is ever built (except where ``branch_cap``
-or the ``max_len`` cut needs one, and the root's).
+prefix again before admitting its children (counted in ``forwards``). A table model of this
+package that offers ``next_logprobs_above(prefixes, lengths, thresholds)``
+(:class:`~jaxrescore.models.NGramLM`) hands over the kept cells and a bound itself, so no
+``V``-wide row is ever built (except where ``branch_cap`` or the ``max_len`` cut needs one, and
+the root's).
 
 Limits. ``max_bytes`` (default :func:`default_max_bytes`) and ``max_nodes`` cap the index's size,
 counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept whole row (a sparse
@@ -784,7 +785,8 @@ class SeekIndex:
             for lo in range(0, at.size, per):
                 part = at.part(lo, min(lo + per, at.size))
                 if self._above_rows(d):
-                    self._store(_agree_sparse(part, self._expand_above(part.ids, d, budget)), self._width)
+                    fresh = self._expand_above(part.ids, d, budget)
+                    self._store(_agree_sparse(part, fresh), int(self.model.vocab_size))
                 else:
                     rows = _agree(part, self._forward(part.ids, d))
                     self._keep(part.ids, self._cut(part.ids, d, rows, count=False), budget)

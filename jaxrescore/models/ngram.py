@@ -674,8 +674,9 @@ class NGramLM(DeviceBatched):
         Returns:
           ``(ptr, tok, val, rest)``: row ``b``'s finite cells with log-prob ``>= thresholds[b]`` are
           ``tok[ptr[b]:ptr[b+1]]`` (int32, ascending) with log-probs ``val`` (float32, the values of
-          :meth:`next_logprobs` bit for bit); ``rest: float32[B]`` is the largest finite log-prob
-          of a cell left out (``-inf`` when none is).
+          :meth:`next_logprobs` bit for bit); ``rest: float32[B]`` bounds the log-prob of every
+          finite cell left out (at least the largest of them, below the threshold; ``-inf`` when
+          none is).
         """
         batch = check_prefixes(prefixes, lengths, self.vocab_size, self.max_len)
         thr = np.asarray(thresholds)
