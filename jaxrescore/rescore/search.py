@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxrescore.rescore.frontier import REST, Frontier, Structure, clears, frontier
 from jaxrescore.rescore.scored import ScoredSet
+from jaxrescore.sequences import from_tuples
 
 
 class Proof(NamedTuple):
@@ -139,10 +140,10 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))
     # rows: int32[N, max_len] padded sequences and their lengths, grown one column per step
-    lens = np.array([len(p) for p in prefixes], np.int64)
-    rows = np.zeros((len(prefixes), max(max_len, int(lens.max(initial=0)), 1)), np.int32)
-    for i, p in enumerate(prefixes):
-        rows[i, : len(p)] = p
+    batch = from_tuples(prefixes)
+    lens = batch.lengths.astype(np.int64)
+    rows = np.zeros((batch.size, max(max_len, batch.tokens.shape[1])), np.int32)
+    rows[:, : batch.tokens.shape[1]] = batch.tokens  # padded with 0
     first = True
     while True:
         alive = lens < max_len
