@@ -74,9 +74,9 @@ def run(quick: bool = False, out_dir=None) -> str:
                     theirs = {"error": f"skipped ({mixle_dead})"}
                 else:
                     theirs = build(vocab, length, bits, "mixle", timeout)
-                    mixle_dead = theirs.get("error") and f"a smaller budget: {theirs['error']}"
                     mixle_times.append(theirs.get("seconds"))
-                    mixle_dead = mixle_dead or _over_cut(mixle_times, timeout)
+                    mixle_dead = (f"a smaller budget: {theirs['error']}" if "error" in theirs
+                                  else _over_cut(mixle_times, timeout))
                 row += [theirs.get("error") or f"{theirs['seconds']:.2f} s",
                         "" if "error" in theirs else f"{theirs['peak'] / 2**20:.0f} MiB"]
             rows.append(row)

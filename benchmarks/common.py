@@ -29,8 +29,7 @@ def timed(fn, repeats: int = 3):
 
 def clock(fn, *args):
     """``(fn(*args), seconds)`` with Python's garbage collector paused during the call, as
-    ``timeit`` does: a full collection (millions of objects after the large proofs) otherwise
-    lands in whichever timed call happens to trigger it."""
+    ``timeit`` does, so a collection of garbage left by earlier work never lands in a timed call."""
     gc.disable()
     try:
         t = time.perf_counter()
