@@ -71,16 +71,19 @@ class BruteIndex:
     """A draft index over a :class:`TableModel`: structural-bucket order, ties lexicographic.
 
     ``budget_bits`` truncates (only buckets within the budget are indexed, ``truncated`` reports
-    it). ``bucket_bound`` is included only when ``with_bound``; ``foreign=True`` gives the reference
-    library's shape (``quantizer``, ``truncated``, ``dropped_upper``, a ``model`` with ``max_len``).
+    it). ``bucket_bound`` is included only when ``with_bound``: without it the index has the
+    reference library's shape (``quantizer``, ``truncated``, ``dropped_upper``, a ``model`` with
+    ``max_len``). ``finite_only`` leaves out the sequences the model gives -inf.
     """
 
-    def __init__(self, model, quantizer=None, *, budget_bits=None, with_bound=True, batch=True):
+    def __init__(self, model, quantizer=None, *, budget_bits=None, with_bound=True, batch=True, finite_only=False):
         self.model = model
         self.quantizer = quantizer or Quantizer(1.0, 8)
         rows = []
         for seq in model.support():
             steps = np.minimum(model.step_lps(seq), 0.0)
+            if finite_only and not np.isfinite(steps).all():
+                continue  # an index lists what its model can produce: nothing of log-prob -inf
             bucket = int(self.quantizer.step_buckets(steps).sum())
             rows.append((bucket, seq, float(steps.sum())))
         rows.sort()
@@ -141,14 +144,33 @@ def true_excess(draft, target, support):
     return float(max(_diffs(draft, target, support).max(), 0.0))
 
 
-def as_model(table: TableModel, *, batched: bool = False):
+def as_model(table: TableModel, *, batched: bool = False, form: str = "exact"):
     """A :class:`TableModel` as a real model of the library (a CallableModel over its rows), so it
-    has ``next_logprobs`` and ``score_frontier``; ``batched`` picks the batched form."""
+    has ``next_logprobs`` and ``score_frontier``; ``batched`` picks the batched form.
+
+    ``form`` (per-prefix only) picks how the vocabulary is declared: ``"exact"`` (``vocab_size``
+    is the table's), ``"wide"`` (``vocab_size`` one larger, the extra token given no mass) or
+    ``"inferred"`` (no ``vocab_size``: the reference library's form; each table lists only its
+    finite entries). A prefix the table does not hold (one that already left the support, e.g.
+    through a token outside the table's vocabulary) gets a uniform row."""
     from jaxrescore.models.callable import CallableModel
 
+    if form != "exact" and not batched:
+        def sparse(prefix):
+            row = table.steps.get(tuple(prefix))
+            if row is None:
+                row = np.full(table.vocab_size, -math.log(table.vocab_size))
+            keep = np.flatnonzero(np.isfinite(row)) if form == "inferred" else np.arange(table.vocab_size)
+            return keep, row[keep].astype(np.float32)
+
+        vocab = None if form == "inferred" else table.vocab_size + 1
+        return CallableModel(sparse, vocab_size=vocab, max_len=table.max_len, eos=table.eos)
     if not batched:
         def fn(prefix):
-            return np.arange(table.vocab_size), table.steps[prefix].astype(np.float32)
+            row = table.steps.get(tuple(prefix))
+            if row is None:  # a prefix that left the support (see above)
+                row = np.full(table.vocab_size, -math.log(table.vocab_size))
+            return np.arange(table.vocab_size), row.astype(np.float32)
     else:
         def fn(prefixes, lengths):
             rows = np.empty((len(lengths), table.vocab_size), np.float32)

@@ -48,6 +48,7 @@ from jaxrescore import RescoredIndex, SeekIndex
 
 CORPUS = Path(os.environ.get("JAXRESCORE_CORPUS", Path(__file__).parent / "corpus"))
 TIE_TOL = 1e-9
+EVIDENCE_SLACK = 1e-5
 LN2 = math.log(2.0)
 HUGE = {"-inf": -math.inf, "-5e17": -5e17, "-1e30": -1e30, "-3e38": -3.0e38}
 
@@ -84,21 +85,28 @@ def build_table(spec: dict, vocab: int, eos, seed: int) -> TableModel:
 
 def derive_draft(target: TableModel, case: dict) -> TableModel:
     """The draft table: the target's rows ('same'), with noise ('good', 'noisy'), every
-    preference reversed ('adversarial') or independent ('useless'); rows past the target's
-    max_len (a longer draft) are random."""
+    preference reversed ('adversarial') or independent ('useless'); rows the target does not
+    have (past its max_len or eos, after a token outside its vocabulary) are random. The draft
+    may have its own ``draft_max_len``, ``draft_eos`` (None: fixed length) and a larger
+    ``draft_vocab``: the target's rows then get one more token (random mass, the target gives
+    it none)."""
     kind, seed = case["draft"], case["draft_seed"]
     length = case.get("draft_max_len", target.max_len)
-    out = TableModel(target.vocab_size, length, seed, eos=target.eos)
+    vocab = case.get("draft_vocab", target.vocab_size)
+    out = TableModel(vocab, length, seed, eos=case["draft_eos"] if "draft_eos" in case else target.eos)
     noise = {"good": 0.1, "noisy": 1.0, "same": 0.0}.get(kind)
     rng = np.random.default_rng([seed, 5])
+    wider = np.random.default_rng([seed, 6])
     for p in out.steps:
         base = target.steps.get(p)
         if base is None or kind == "useless":
             continue
+        if vocab > base.size:
+            base = _normalise(np.append(base, base.max() + wider.normal(-1.0, 1.5, vocab - base.size)))
         if kind == "adversarial":
             out.steps[p] = _normalise(-base)
         else:
-            out.steps[p] = _normalise(base + noise * rng.standard_normal(target.vocab_size))
+            out.steps[p] = _normalise(base + noise * rng.standard_normal(vocab))
     return out
 
 
@@ -158,21 +166,22 @@ def true_excess(draft_model, target_model, support) -> float:
 class Stats:
     def __init__(self, strict: bool = False):
         self.strict = strict
-        self.cases = self.queries = self.proven = self.certified = self.beyond_support = 0
+        self.cases = self.queries = self.proven = self.certified = self.beyond_support = self.refuted = 0
 
     def line(self, name: str) -> str:
         return (
             f"battery[{name}]: {self.cases} cases, {self.queries} queries ({self.proven} proven, "
             f"{self.certified} certified checked against brute force, {self.beyond_support} asking "
-            f"past the target's support)"
+            f"past the target's support, {self.refuted} with a gap their own evidence refutes)"
         )
 
 
 def check_result(r, truth: dict, start: int, k: int, gap, excess: float, tolerance: float, what: str, stats: Stats,
-                 tie_tol: float = TIE_TOL):
+                 tie_tol: float = TIE_TOL, evidence: float = -math.inf):
     """Assert the battery's claims about one RescoreResult (see the module docstring). Scores
     match within ``tie_tol`` (exact for table models; a JAX model's float32 forward moves a score
-    by up to its ``score_tolerance`` between batches)."""
+    by up to its ``score_tolerance`` between batches). ``evidence``: the largest true
+    target - draft over what the target scored for this object so far (see :class:`Evidence`)."""
     stats.queries += 1
     got = [lp for _, lp in r.items]
     assert got == sorted(got, reverse=True), f"{what}: items not sorted by target score"
@@ -181,6 +190,16 @@ def check_result(r, truth: dict, start: int, k: int, gap, excess: float, toleran
         assert lp == want or abs(lp - want) <= tie_tol, f"{what}: item {s} has {lp}, the target gives {want}"
     if r.certified and gap is not None and r.excess > gap + tolerance + 1e-12:
         raise AssertionError(f"{what}: certified while excess {r.excess} > gap {gap}: {r.reason}")
+    # The draft's float32 rows may reach the library through another sum (an index's float64
+    # table): EVIDENCE_SLACK keeps the check off the last bits.
+    if r.certified and gap is not None and evidence > gap + tolerance + EVIDENCE_SLACK:
+        raise AssertionError(
+            f"{what}: certified against its own evidence: a sequence scored on this object (this call "
+            f"or earlier) has target - draft = {evidence} > gap {gap} + tolerance {tolerance} (the "
+            f"result's excess says {r.excess}): {r.reason}"
+        )
+    if gap is not None and evidence > gap + tolerance + EVIDENCE_SLACK:
+        stats.refuted += 1
     claims = []
     if r.proven:
         claims.append("proven")
@@ -202,6 +221,183 @@ def check_result(r, truth: dict, start: int, k: int, gap, excess: float, toleran
     )
 
 
+class Side:
+    """One prompt's view of a case: the prompted target and draft, the target's whole support with
+    its scores (``truth``), the true one-sided excess, and what the evidence check needs: the draft
+    score of any sequence, and the ``cuts`` (a draft sequence as the target reads it, cut at the
+    target's max_len or after its eos, when that differs from the sequence itself)."""
+
+    def __init__(self, models: dict, t_base, d_base, prompt: tuple):
+        target_table, draft_table = models["target"], models["draft"]
+        self.prompt = prompt
+        self.t_model = t_base.with_prompt(prompt) if prompt else t_base
+        self.d_model = d_base.with_prompt(prompt) if prompt else d_base
+        self.support = support_of(target_table, prompt)
+        self.truth = dict(zip(self.support, np.asarray(self.t_model.score_sequences(self.support), np.float64)))
+        self.draft_support = support_of(draft_table, prompt)
+        everything = sorted(set(self.support) | set(self.draft_support), key=lambda s: (len(s), s))
+        self._draft = {}
+        self.excess = max(self.excess_of(everything), 0.0)
+        t_len, t_eos = self.t_model.max_len, self.t_model.eos
+        self.cuts = set()
+        for s in self.draft_support:
+            cut = s[:t_len]
+            if t_eos is not None and t_eos in cut:
+                cut = cut[: cut.index(t_eos) + 1]
+            if cut != s:
+                self.cuts.add(cut)
+
+    def draft_scores(self, seqs: list) -> np.ndarray:
+        missing = [s for s in dict.fromkeys(seqs) if s not in self._draft]
+        if missing:
+            self._draft.update(zip(missing, np.asarray(self.d_model.score_sequences(missing), np.float64)))
+        return np.array([self._draft[s] for s in seqs], np.float64)
+
+    def excess_of(self, seqs: list) -> float:
+        """max(target - draft) over ``seqs`` where the target is finite (-inf when none is); +inf
+        for a sequence the target gives mass and the draft none."""
+        live = [s for s in seqs if self.truth.get(s, -math.inf) > -math.inf]
+        if not live:
+            return -math.inf
+        t = np.array([self.truth[s] for s in live])
+        return float((t - self.draft_scores(live)).max())
+
+
+class Evidence:
+    """Every sequence the target scored, by the RescoredIndex object it was scored for: the
+    target's ``score_frontier`` and ``score_sequences`` are wrapped on the base model (a prompted
+    target calls its base; ``rescore_many`` calls the shared base). A row counts as evidence about
+    the gap when it is a complete target sequence the library scored as itself (a cut of a longer
+    draft sequence is left out: the library scored the draft sequence, -inf, and never held a
+    draft score for the cut); its excess is the TRUE target - draft (+inf outside the draft's
+    support). Calls made while no owner is set (the oracle's own) are not recorded."""
+
+    def __init__(self, sides: dict):
+        self.sides = sides  # prompt -> Side
+        self.rows = []  # (owner object, thread id, prompt, continuation)
+        self.owners: dict = {}
+        self._lock = threading.Lock()
+        self.pulled: set | None = None  # see only_pulled
+
+    def only_pulled(self, index):
+        """Count only what ``index`` handed out: for a library without a draft scorer (no draft
+        model, an index without one), a sequence its search found has no draft score the library
+        could know (NaN), so it is no evidence."""
+        self.pulled = set()
+        for name in ("unrank", "unrank_batch"):
+            real = getattr(index, name, None)
+            if real is None:
+                continue
+
+            def recorded(*args, _real=real, _name=name, **kwargs):
+                out = _real(*args, **kwargs)
+                seqs = [out[0]] if _name == "unrank" else out[0]
+                self.pulled.update(tuple(int(t) for t in x) for x in seqs)
+                return out
+
+            setattr(index, name, recorded)
+
+    def watch(self, base):
+        """Record ``base``'s scoring calls (the methods are wrapped on the instance)."""
+        for name in ("score_frontier", "score_sequences"):
+            setattr(base, name, self._wrap(getattr(base, name)))
+        return base
+
+    def _wrap(self, real):
+        def recorded(seqs, *args, **kwargs):
+            if self.owners:
+                self._note(seqs, kwargs.get("skip"))
+            return real(seqs, *args, **kwargs)
+
+        return recorded
+
+    def _note(self, seqs, skip):
+        from jaxrescore.sequences import as_sequence_batch
+
+        batch = as_sequence_batch(seqs)
+        tokens, lengths = np.asarray(batch.tokens), np.asarray(batch.lengths)
+        skips = np.zeros(len(lengths), np.int64) if skip is None else np.asarray(skip).reshape(-1)
+        me = threading.get_ident()
+        with self._lock:
+            for row, n, sk in zip(tokens.tolist(), lengths.tolist(), skips.tolist()):
+                if n == 0:
+                    continue
+                row = tuple(row[:n])
+                prompts = [p for p in self.owners if len(p) <= sk and row[: len(p)] == p]
+                if prompts:
+                    p = max(prompts, key=len)
+                    self.rows.append((self.owners[p], me, p, row[len(p):]))
+
+    def owner(self, by_prompt: dict):
+        """Context: calls made inside are scored for ``by_prompt[prompt]`` (a RescoredIndex)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.owners = by_prompt
+            try:
+                yield
+            finally:
+                self.owners = {}
+
+        return ctx()
+
+    def mark(self) -> int:
+        return len(self.rows)
+
+    def excess(self, obj, *, mine_after: int | None = None) -> float:
+        """The largest true excess over the evidence scored for ``obj``; with ``mine_after``
+        (threads) only rows recorded before that mark or by the calling thread count."""
+        me = threading.get_ident()
+        with self._lock:
+            rows = [(i, r) for i, r in enumerate(self.rows) if r[0] is obj]
+        by_prompt: dict = {}
+        for i, (_, thread, p, seq) in rows:
+            if mine_after is not None and i >= mine_after and thread != me:
+                continue
+            if seq not in self.sides[p].cuts and (self.pulled is None or seq in self.pulled):
+                by_prompt.setdefault(p, set()).add(seq)
+        return max((self.sides[p].excess_of(sorted(seqs)) for p, seqs in by_prompt.items()), default=-math.inf)
+
+
+def build_index(case: dict, models: dict, d_model, tmp: Path | None, n: int):
+    """The case's draft index: ``seek`` (SeekIndex, maybe saved and loaded), ``envelope``
+    (AREnvelopeIndex: approximate order, never certifies), ``brute`` (tests/brute.py's
+    BruteIndex with a bucket bound) or ``foreign`` (the reference library's shape: a quantizer
+    and truncation reports, no bucket_bound)."""
+    q = case.get("quantizer", [1.0, 8])
+    kind = case.get("index", "seek")
+    if kind == "envelope":
+        from jaxrescore import AREnvelopeIndex
+
+        return AREnvelopeIndex(d_model, bin_width_bits=q[0], oversample=q[1], n_paths=case.get("n_paths", 8),
+                               seed=case["draft_seed"] % 97, max_depth_bits=case.get("max_depth_bits", 64.0),
+                               progress=False)
+    if kind in ("brute", "foreign"):
+        from brute import BruteIndex
+        from jaxrescore.quantize import Quantizer
+
+        budget = case.get("max_depth_bits")
+        return BruteIndex(models["draft"], Quantizer(q[0], q[1]), budget_bits=budget, with_bound=kind == "brute",
+                          finite_only=True)
+    kwargs = dict(bin_width_bits=q[0], oversample=q[1], branch_cap=case.get("branch_cap"),
+                  max_depth_bits=case.get("max_depth_bits", 64.0), initial_bits=case.get("initial_bits", 8.0),
+                  progress=False)
+    index = SeekIndex(d_model, **kwargs)
+    if case.get("save_load") and tmp is not None:
+        path = tmp / f"index-{n}.npz"
+        index.save(path)
+        index = SeekIndex.load(path, d_model, progress=False)
+    return index
+
+
+def _top_m(case: dict, vocab: int) -> dict:
+    top_m = case.get("top_m")
+    if top_m is None:
+        return {}
+    return {"top_m": max(1, vocab - 1) if top_m == "V-1" else int(top_m)}
+
+
 def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
     """Build the case's models and index, run its queries, check every result."""
     stats.cases += 1
@@ -210,88 +406,171 @@ def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
     draft_table = derive_draft(target_table, case)
     models = {"target": target_table, "draft": draft_table}
     apply_perturbations(models, case)
-    t_model = as_model(target_table, batched=case.get("batched", False))
-    d_model = as_model(draft_table)
+    form, batched = case.get("target_form", "exact"), case.get("batched", False)
+    # The oracle declares its vocabulary; the library gets a fresh target per object (below), so
+    # an inferred vocabulary is still unknown when a query starts, as on a user's first query.
+    t_oracle = as_model(target_table, batched=batched, form="exact" if form == "inferred" else form)
+    d_base = as_model(draft_table)
+    # An inferred vocabulary is 0 (or eos + 1) before the model's first table and a prompt is
+    # checked against it: a prompted target answers first, as a user's model would have. A prompt
+    # token it never gives mass is outside its vocabulary (with_prompt refuses it): no prompt then.
+    probe = as_model(target_table, batched=batched, form=form)
+    probe.score_sequences(target_table.support())
     prompt = tuple(case.get("prompt", ()))
-    if prompt:
-        t_model, d_model = t_model.with_prompt(prompt), d_model.with_prompt(prompt)
-    support = support_of(target_table, prompt)
-    truth = dict(zip(support, np.asarray(t_model.score_sequences(support), np.float64)))
-    draft_support = support_of(draft_table, prompt)
-    excess = true_excess(d_model, t_model, sorted(set(support) | set(draft_support), key=lambda s: (len(s), s)))
+    if any(t >= probe.vocab_size or t == draft_table.eos for t in prompt) or len(prompt) >= draft_table.max_len:
+        prompt = ()  # (a forced mismatch may leave a prompt the draft cannot continue)
+    side = Side(models, t_oracle, d_base, prompt)
+    sides = {prompt: side}
+    many_prompts = _many_prompts(case) if case.get("many") else []
+    many_prompts = [p for p in many_prompts if all(t < probe.vocab_size for t in p)]
+    many_prompts = many_prompts if len(many_prompts) == 2 else []
+    for p in many_prompts:
+        sides.setdefault(p, Side(models, t_oracle, d_base, p))
+    evidence = Evidence(sides)
+
+    def library_target(prompts=(prompt,)):
+        """A fresh target (its calls recorded), prompted by each of ``prompts``."""
+        base = evidence.watch(as_model(target_table, batched=batched, form=form))
+        if any(prompts):
+            base.score_sequences(target_table.support())
+        return [base.with_prompt(p) if p else base for p in prompts]
+
+    t_model, d_model, truth, excess = side.t_model, side.d_model, side.truth, side.excess
     tolerance = t_model.score_tolerance
+    index = build_index(case, models, d_model, tmp, stats.cases)
+    if not case.get("draft_model", True) and case.get("index") in ("brute", "foreign"):
+        evidence.only_pulled(index)
+    extra = dict(draft_model=d_model if case.get("draft_model", True) else None, **_top_m(case, vocab))
 
-    q = case.get("quantizer", [1.0, 8])
-    kwargs = dict(bin_width_bits=q[0], oversample=q[1], branch_cap=case.get("branch_cap"),
-                  max_depth_bits=case.get("max_depth_bits", 64.0), initial_bits=case.get("initial_bits", 8.0),
-                  progress=False)
-    index = SeekIndex(d_model, **kwargs)
-    if case.get("save_load") and tmp is not None:
-        path = tmp / f"index-{stats.cases}.npz"
-        index.save(path)
-        index = SeekIndex.load(path, d_model, progress=False)
+    def check(r, ri, start, k, gap, what, *, mine_after=None, many_side=None):
+        s = many_side or side
+        seen = evidence.excess(ri, mine_after=mine_after)
+        check_result(r, s.truth, start, k, gap, s.excess, tolerance, what, stats, evidence=seen)
 
+    objects: dict = {}
     queries = case["queries"]
     for qi, (start, k, window, mode, how) in enumerate(queries):
         gap = _gap(mode, excess)
         what = f"case {case.get('name', '?')} query {qi} {how} start={start} k={k} window={window} gap={gap}"
-        ri = RescoredIndex(index, t_model, rerank_window=window, assumed_gap=gap, draft_model=d_model)
-        if how == "plain":
-            r = ri.slice(start, k)
-        elif how == "prove":
-            r = ri.slice(start, k, prove=True)
+        key = (window, gap) if case.get("reuse") else qi
+        if key not in objects:  # reused: later queries see what earlier ones scored on the object
+            objects[key] = RescoredIndex(index, library_target()[0], rerank_window=window, assumed_gap=gap, **extra)
+        ri = objects[key]
+        with evidence.owner({prompt: ri}):
+            if how == "plain":
+                r = ri.slice(start, k)
+            elif how == "prove":
+                r = ri.slice(start, k, prove=True)
+            elif how == "until_certified":
+                if gap is None:
+                    continue
+                r = ri.slice(start, k, until_certified=True)
+            else:
+                raise ValueError(how)
+        if how == "prove":
             finite = sorted((v for v in truth.values() if v > -math.inf), reverse=True)
             if start + k <= len(finite):
                 assert r.proven is True, f"{what}: the search did not prove: {r.proof_reason}"
-        elif how == "until_certified":
-            if gap is None:
-                continue
-            r = ri.slice(start, k, until_certified=True)
-        else:
-            raise ValueError(how)
-        check_result(r, truth, start, k, gap, excess, tolerance, what, stats)
+        check(r, ri, start, k, gap, what)
 
     if case.get("sweep"):
         plain = [q for q in queries if q[4] == "plain"] or queries[:1]
-        ri = RescoredIndex(index, t_model, rerank_window=0)
+        # A wide companion of the first query: the call then scores more than the narrow queries
+        # pull, and every query must refute from all of it (issue 19 item 4).
+        plain = plain + [[plain[0][0], plain[0][1], 50, plain[0][3], "plain"]]
+        ri = RescoredIndex(index, library_target()[0], rerank_window=0, **extra)
         gaps = [_gap(q[3], excess) for q in plain]
         for group in [list(range(len(plain)))]:
-            results = ri.sweep([plain[i][0] for i in group], [plain[i][1] for i in group],
-                               [plain[i][2] for i in group], [gaps[i] for i in group])
+            with evidence.owner({prompt: ri}):
+                results = ri.sweep([plain[i][0] for i in group], [plain[i][1] for i in group],
+                                   [plain[i][2] for i in group], [gaps[i] for i in group])
             for i, r in zip(group, results):
                 start, k = plain[i][0], plain[i][1]
-                check_result(r, truth, start, k, gaps[i], excess, tolerance, f"case {case.get('name')} sweep", stats)
+                check(r, ri, start, k, gaps[i], f"case {case.get('name')} sweep query {i}")
+
+    if many_prompts:
+        _run_many(case, sides, library_target(many_prompts), evidence, stats, check, extra)
 
     if case.get("threads"):
-        shared = RescoredIndex(SeekIndex(d_model, **{**kwargs, "initial_bits": 0.5}), t_model, rerank_window=1,
-                               assumed_gap=_gap("true", excess), draft_model=d_model)
-        results, errors = {}, []
+        q = case.get("quantizer", [1.0, 8])
+        shared_index = SeekIndex(d_model, bin_width_bits=q[0], oversample=q[1], branch_cap=case.get("branch_cap"),
+                                 max_depth_bits=case.get("max_depth_bits", 64.0), initial_bits=0.5, progress=False)
+        shared = RescoredIndex(shared_index, library_target()[0], rerank_window=1, assumed_gap=_gap("true", excess),
+                               **extra)
+        results, errors, marks = {}, [], {}
 
         def work(i, start, k, prove):
             try:
+                marks[i] = evidence.mark()
                 results[i] = shared.slice(start, k, prove=prove)
             except Exception as err:  # pragma: no cover - reported below
                 errors.append(err)
+            else:
+                results[i] = (results[i], evidence.excess(shared, mine_after=marks[i]))
 
         jobs = [(i, q[0], q[1], i % 2 == 0) for i, q in enumerate(queries * 2)]
         threads = [threading.Thread(target=work, args=job) for job in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with evidence.owner({prompt: shared}):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         assert not errors, errors
         for i, start, k, _ in jobs:
-            check_result(results[i], truth, start, k, shared.assumed_gap, excess, tolerance,
-                         f"case {case.get('name')} thread {i}", stats)
+            r, seen = results[i]
+            check_result(r, truth, start, k, shared.assumed_gap, excess, tolerance,
+                         f"case {case.get('name')} thread {i}", stats, evidence=seen)
+
+
+def _many_prompts(case: dict) -> list:
+    """Two prompts of one token for ``rescore_many`` (one index per prompt, the documented use),
+    or none when the target's support leaves no room for them."""
+    d_eos = case["draft_eos"] if "draft_eos" in case else case["eos"]
+    body = [t for t in range(case["vocab"]) if t not in (case["eos"], d_eos)]
+    if min(case["max_len"], case.get("draft_max_len", case["max_len"])) < 2 or len(body) < 2:
+        return []
+    first = case["many"] % len(body)
+    return [(body[first],), (body[(first + 1) % len(body)],)]
+
+
+def _run_many(case, sides, targets, evidence, stats, check, extra) -> None:
+    """``rescore_many`` over one index per prompt (``targets``: prompted models of one base):
+    every result checked against its own prompt's brute force and the evidence scored for its
+    own index."""
+    from jaxrescore import rescore_many
+
+    q = case.get("quantizer", [1.0, 8])
+    start, k, window, mode, how = case["queries"][0]
+    indexes, prompts = [], [t.prompt for t in targets]
+    for p, target in zip(prompts, targets):
+        s = sides[p]
+        idx = SeekIndex(s.d_model, bin_width_bits=q[0], oversample=q[1], branch_cap=case.get("branch_cap"),
+                        max_depth_bits=case.get("max_depth_bits", 64.0), progress=False)
+        extra_p = {**extra, "draft_model": s.d_model if extra.get("draft_model") is not None else None}
+        indexes.append(RescoredIndex(idx, target, rerank_window=window, assumed_gap=_gap(mode, s.excess), **extra_p))
+    prove = how == "prove"
+    with evidence.owner(dict(zip(prompts, indexes))):
+        results = rescore_many(indexes, k, prove=prove)
+    for p, ri, r in zip(prompts, indexes, results):
+        s = sides[p]
+        what = f"case {case.get('name')} rescore_many prompt {p} k={k} window={window} prove={prove}"
+        if prove:
+            finite = sorted((v for v in s.truth.values() if v > -math.inf), reverse=True)
+            if k <= len(finite):
+                assert r.proven is True, f"{what}: the search did not prove: {r.proof_reason}"
+        check(r, ri, 0, k, ri.assumed_gap, what, many_side=s)
 
 
 def _gap(mode, excess: float):
-    """The assumed gap of a query: None, the true excess ("true"), or the true excess plus a
-    margin (a number). A case whose true excess is infinite has no true gap: the number itself."""
+    """The assumed gap of a query: None, the true excess ("true"), half of it ("half"), or the
+    true excess plus a margin (a number). A case whose true excess is infinite has no true gap:
+    the number itself (0.5 for "half")."""
     if mode is None:
         return None
     if mode == "true":
         return excess if math.isfinite(excess) else None
+    if mode == "half":  # a gap the truth refutes (when the excess is positive): only evidence checks apply
+        return excess / 2 if math.isfinite(excess) else 0.5
     return excess + float(mode) if math.isfinite(excess) else float(mode)
 
 
@@ -315,6 +594,30 @@ def case_strategy(draw):
     }
     if eos is not None and max_len >= 2 and draw(st.integers(0, 2)) == 2:
         case["draft_max_len"] = max_len + 1  # the target is shorter than its draft (item 9)
+    # Issue 19: a draft that differs from its target in length (longer or shorter, any eos),
+    # eos (a fixed-length draft of an eos target, another eos, an eos draft of a fixed-length
+    # target) and vocabulary (the draft's one token wider; the target gives that token no mass).
+    mismatch = draw(st.integers(0, 5))
+    if mismatch == 1:
+        case["draft_max_len"] = max_len + 1
+    elif mismatch == 2 and max_len >= 2:
+        case["draft_max_len"] = max_len - 1
+    d_vocab = vocab
+    if vocab <= 3 and draw(st.integers(0, 4)) == 4:
+        case["draft_vocab"] = d_vocab = vocab + 1
+    if draw(st.integers(0, 4)) == 4:
+        case["draft_eos"] = draw(st.sampled_from([None] + [t for t in range(d_vocab) if t != eos]))
+    d_eos = case["draft_eos"] if "draft_eos" in case else eos
+    d_len = case.get("draft_max_len", max_len)
+    # The target's vocabulary: declared (its table's width), declared one wider with no mass
+    # there, or inferred (a per-prefix function without vocab_size); top_m below V.
+    case["target_form"] = draw(st.sampled_from(["exact"] * 4 + ["inferred", "inferred", "wide"]))
+    if case["target_form"] != "exact":
+        case["batched"] = False
+    case["top_m"] = draw(st.sampled_from([None, None, 1, 2, "V-1"]))
+    case["index"] = draw(st.sampled_from(["seek"] * 5 + ["envelope", "brute", "foreign"]))
+    case["draft_model"] = draw(st.integers(0, 5)) != 0
+    case["reuse"] = draw(st.integers(0, 2)) == 2
     if draw(st.integers(0, 3)) == 3:
         case["branch_cap"] = draw(st.integers(1, vocab))
     if draw(st.integers(0, 3)) == 3:
@@ -322,8 +625,14 @@ def case_strategy(draw):
     if draw(st.integers(0, 2)) == 2:
         case["initial_bits"] = draw(st.sampled_from([0.0, 0.5, 2.0]))
     body = [t for t in range(vocab) if t != eos]
-    if max_len >= 2 and body and draw(st.integers(0, 3)) == 3:
-        case["prompt"] = [draw(st.sampled_from(body))]
+    # A prompt must be a prefix both models can continue.
+    prompt_ok = [t for t in body if t != d_eos] if min(max_len, d_len) >= 2 else []
+    if prompt_ok and draw(st.integers(0, 3)) == 3:
+        case["prompt"] = [draw(st.sampled_from(prompt_ok))]
+    if case.get("prompt") and case["index"] in ("brute", "foreign"):
+        case["index"] = "seek"  # BruteIndex lists an unprompted table
+    if len(prompt_ok) >= 2 and draw(st.integers(0, 5)) == 5:
+        case["many"] = draw(st.integers(1, 3))  # rescore_many over one index per prompt
     perturb = []
     for _ in range(draw(st.integers(0, 3))):
         depth = draw(st.integers(0, max(max_len - 1, 0)))
@@ -339,12 +648,46 @@ def case_strategy(draw):
     n_q = draw(st.integers(1, 3))
     case["queries"] = [
         [draw(st.sampled_from([0, 0, 1, 3])), draw(st.sampled_from([1, 2, 3, 6])), draw(st.sampled_from([0, 1, 3, 10, 50])),
-         draw(st.sampled_from([None, "true", "true", 0.5])), draw(st.sampled_from(["plain", "plain", "prove", "until_certified"]))]
+         draw(st.sampled_from([None, "true", "true", 0.5, "half"])), draw(st.sampled_from(["plain", "plain", "prove", "until_certified"]))]
         for _ in range(n_q)
     ]
     case["sweep"] = draw(st.integers(0, 3)) == 3
     case["save_load"] = draw(st.integers(0, 4)) == 4
     case["threads"] = draw(st.integers(0, 6)) == 6
+    return case
+
+
+MISMATCHES = ["longer", "shorter", "draft_fixed", "draft_eos_other", "target_fixed_draft_eos", "vocab", "inferred",
+              "top_m"]
+
+
+@st.composite
+def mismatched_strategy(draw):
+    """Issue 19's families, each case forced into at least one: a draft longer or shorter than
+    its target, a draft with another eos (none, another id, an eos draft of a fixed-length
+    target), a wider draft vocabulary, an inferred target vocabulary, top_m below V."""
+    case = draw(case_strategy())
+    vocab, eos, max_len = case["vocab"], case["eos"], case["max_len"]
+    forced = draw(st.sampled_from(MISMATCHES))
+    if forced == "longer":
+        case["draft_max_len"] = max_len + 1
+    elif forced == "shorter" and max_len >= 2:
+        case["draft_max_len"] = max_len - 1
+    elif forced == "draft_fixed" and eos is not None:
+        case["draft_eos"] = None
+    elif forced == "draft_eos_other" and eos is not None:
+        case["draft_eos"] = draw(st.sampled_from([t for t in range(case.get("draft_vocab", vocab)) if t != eos]))
+    elif forced == "target_fixed_draft_eos" and eos is None:
+        case["draft_eos"] = draw(st.integers(0, case.get("draft_vocab", vocab) - 1))
+    elif forced == "vocab" and vocab <= 3:
+        case["draft_vocab"] = vocab + 1
+        case["target_form"] = draw(st.sampled_from(["exact", "wide", "inferred"]))
+    elif forced == "inferred":
+        case["target_form"], case["batched"] = "inferred", False
+    else:
+        case["top_m"] = draw(st.sampled_from([1, 2, "V-1"]))
+    if case.get("target_form", "exact") != "exact":
+        case["batched"] = False
     return case
 
 
@@ -443,6 +786,12 @@ SETTINGS = dict(deadline=None, derandomize=not os.environ.get("JAXRESCORE_BATTER
     "perturb": [{"model": "draft", "prefix": [], "token": 1, "value": "-3e38"}],
     "queries": [[0, 3, 0, "true", "plain"], [1, 2, 3, "true", "until_certified"], [0, 4, 1, None, "prove"]],
     "sweep": True})
+@example(case={  # issue 19 item 4: a narrow sweep query certifies while the wide one refutes the gap
+    "name": "issue19-sweep-evidence", "vocab": 4, "eos": None, "max_len": 1, "target_seed": 0, "draft_seed": 0,
+    "draft": "same", "quantizer": [0.25, 8], "perturb": [
+        {"model": "target", "prefix": [], "row": [math.log(0.3), math.log(0.6), math.log(0.05), math.log(0.05)]},
+        {"model": "draft", "prefix": [], "row": [math.log(0.9)] + [math.log(0.1 / 3)] * 3}],
+    "queries": [[0, 1, 0, "half", "plain"]], "sweep": True})
 def test_battery_random_cases(request, tmp_path_factory, case):
     stats = request.node.__dict__.setdefault("_battery_stats", Stats())
     _battery(request, tmp_path_factory, stats, "random")(case)
@@ -460,6 +809,26 @@ def test_battery_random_cases(request, tmp_path_factory, case):
 def test_battery_sweeps_saved_indexes_threads(request, tmp_path_factory, case):
     stats = request.node.__dict__.setdefault("_battery_stats", Stats())
     _battery(request, tmp_path_factory, stats, "sweeps")(case)
+
+
+@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES_MISMATCH", 400)), **SETTINGS)
+@given(case=mismatched_strategy())
+@example(case={  # issue 19 item 1: a fixed-length target shorter than its draft
+    "name": "issue19-longer-draft", "vocab": 3, "eos": None, "max_len": 2, "target_seed": 3, "draft_seed": 4,
+    "draft": "useless", "draft_max_len": 3, "queries": [[0, 1, 2, None, "prove"], [0, 2, 0, None, "plain"]]})
+@example(case={  # issue 19 item 1: an eos target under a fixed-length draft (eos mid-sequence)
+    "name": "issue19-fixed-draft-of-eos-target", "vocab": 3, "eos": 2, "max_len": 3, "target_seed": 0,
+    "draft_seed": 1000, "draft": "useless", "draft_eos": None, "queries": [[0, 1, 0, None, "prove"]]})
+@example(case={  # issue 19 items 2 and 3: an inferred vocabulary, top_m=1, -inf draft steps
+    "name": "issue19-inferred-top-m", "vocab": 4, "eos": None, "max_len": 3, "target_seed": 5, "draft_seed": 6,
+    "draft": "adversarial", "target_form": "inferred", "top_m": 1, "reuse": True,
+    "perturb": [{"model": "draft", "prefix": [], "token": 1, "value": "-inf"}],
+    "queries": [[0, 2, 1, "true", "prove"], [0, 2, 1, "true", "plain"]], "sweep": True})
+def test_battery_mismatched_pairs(request, tmp_path_factory, case):
+    """Issue 19: draft/target pairs whose max_len, eos and vocabulary differ, inferred target
+    vocabularies, top_m below V, every index kind, rescore_many."""
+    stats = request.node.__dict__.setdefault("_battery_stats", Stats())
+    _battery(request, tmp_path_factory, stats, "mismatched")(case)
 
 
 @pytest.fixture(autouse=True)
