@@ -105,8 +105,8 @@ def test_any_draft_index_even_without_a_model_or_bound():
 def _drop(keep):
     real = frontier_mod.node_exits
 
-    def mutated(s, trie, structure, floor=-np.inf):
-        ex = real(s, trie, structure, floor)
+    def mutated(s, trie, structure, *args):
+        ex = real(s, trie, structure, *args)
         mask = keep(ex, s, structure)
         return Exits(*(a[mask] for a in ex))
 

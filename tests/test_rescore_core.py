@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrescore.rescore.core import init_carry, rescore, rescore_sweep
+from jaxrescore.rescore.core import init_carry, rescore, rescore_sweep, update_carry
 
 NAN = float("nan")
 
@@ -117,9 +117,13 @@ def test_jitted_vmapped_sweep_equals_per_query_loop():
     gaps = np.where(rng.random(q) < 0.3, np.nan, rng.uniform(0, 3, q)).astype(np.float32)
     carry = init_carry()
     sweep = jax.jit(rescore_sweep, static_argnames="k_max")
-    batched, _ = sweep(target, draft, valid, edges, starts, ks, gaps, carry, k_max=8)
+    batched, batch_carry = sweep(target, draft, valid, edges, starts, ks, gaps, carry, k_max=8)
+    # The evidence rule: every query decides against the carry of everything the sweep scored.
+    evidence = update_carry(carry, target, draft, valid.any(axis=0))
+    for name in ("max_gap", "max_excess"):
+        np.testing.assert_array_equal(getattr(batch_carry, name), getattr(evidence, name))
     for i in range(q):
-        single, _ = rescore(target, draft, valid[i], edges, starts[i], ks[i], gaps[i], carry, k_max=8)
+        single, _ = rescore(target, draft, valid[i], edges, starts[i], ks[i], gaps[i], evidence, k_max=8)
         for name in single._fields:
             np.testing.assert_array_equal(np.asarray(getattr(batched, name))[i], np.asarray(getattr(single, name)))
 

@@ -343,9 +343,29 @@ def test_sweep_equals_fresh_indexes_with_one_pull_and_one_call():
     index, spy = BruteIndex(draft), Spy(target)
     results = RescoredIndex(index, spy, rerank_window=9).sweep(starts, ks, windows, gaps)
     assert len(spy.calls) == 1 and index.unrank_calls == 1
+    widest = max(s + k + w for s, k, w in zip(starts, ks, windows))
     for s, k, w, g, got in zip(starts, ks, windows, gaps, results):
-        want = RescoredIndex(BruteIndex(draft), target, rerank_window=w, assumed_gap=g).slice(s, k)
-        assert got == want
+        # The evidence rule: each query decides on everything the sweep's one call scored, i.e.
+        # as a fresh index asked after the sweep's widest pull.
+        fresh = RescoredIndex(BruteIndex(draft), target, rerank_window=w, assumed_gap=g)
+        fresh.slice(0, widest - w)
+        assert got == fresh.slice(s, k)
+
+
+def test_sweep_never_certifies_against_a_sequence_scored_in_its_own_call():
+    """A narrow query whose own rows agree with the gap, swept with a wider query whose rows
+    refute it: one call, one verdict on the gap."""
+    draft, target = pair(17, noise=0.3)
+    index = BruteIndex(draft)
+    rows = [index.rows[i][1] for i in range(40)]
+    narrow = true_excess(draft, target, rows[:2])
+    wide = true_excess(draft, target, rows)
+    assert wide > narrow + 1e-3
+    gap = (narrow + wide) / 2
+    alone = RescoredIndex(BruteIndex(draft), target, rerank_window=1, assumed_gap=gap).slice(0, 1)
+    swept = RescoredIndex(BruteIndex(draft), target, rerank_window=1, assumed_gap=gap).sweep([0, 0], [1, 1], [1, 39])
+    assert swept[0].excess == swept[1].excess == wide and swept[0].certified is False
+    assert "refuted" in swept[0].reason and alone.excess == narrow
 
 
 def test_sweep_validates_lengths():

@@ -173,14 +173,19 @@ class ContinuedModel:
     so it needs no score: every completed sequence is scored by the target itself.
 
     Attributes:
-      draft, target: the two models (same ``vocab_size``); ``max_len`` is the target's.
+      draft, target: the two models; ``vocab_size``, ``eos`` and ``max_len`` are the target's
+        (a draft row of another width is cut or padded with -inf to it: tokens the target does
+        not have are no completions).
     """
 
     def __init__(self, draft, target):
         self.draft, self.target = draft, target
-        self.vocab_size = int(target.vocab_size)
         self.eos = target.eos
         self.max_len = int(target.max_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.target.vocab_size)
 
     def __repr__(self) -> str:
         return f"ContinuedModel(draft={self.draft!r}, target={self.target!r})"
@@ -189,15 +194,15 @@ class ContinuedModel:
         """``float32[B, V]``: draft rows where the draft reaches, target rows beyond."""
         batch = checked_batch(prefixes, lengths, what="prefixes")
         short = batch.lengths < int(self.draft.max_len)
-        out = np.empty((batch.size, self.vocab_size), np.float32)
+        out = np.full((batch.size, self.vocab_size), -np.inf, np.float32)
         for which, model in ((short, self.draft), (~short, self.target)):
             if which.any():
                 idx = np.flatnonzero(which)
                 rows = np.asarray(model.next_logprobs(batch.tokens[idx], batch.lengths[idx]), np.float32)
-                if rows.shape != (idx.size, self.vocab_size):
+                if rows.ndim != 2 or rows.shape[0] != idx.size:
                     raise ValueError(
-                        f"{type(model).__name__}.next_logprobs returned shape {rows.shape}; the draft "
-                        f"and the target must share vocab_size={self.vocab_size}"
+                        f"{type(model).__name__}.next_logprobs returned shape {rows.shape} for {idx.size} prefixes"
                     )
-                out[idx] = rows
+                width = min(rows.shape[1], self.vocab_size)
+                out[idx, :width] = rows[:, :width]
         return out

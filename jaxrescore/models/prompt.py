@@ -75,19 +75,27 @@ class PromptedModel(PromptableMixin):
     Attributes:
       base: the unconditioned model (must support ``score_sequences(seqs, skip=...)``).
       prompt: the conditioning tokens, a tuple of ints.
-      vocab_size, eos: those of ``base``.
+      vocab_size, eos: those of ``base`` (read from it: an inferred vocabulary keeps growing).
       max_len: ``base.max_len - len(prompt)``: the longest continuation (EOS included).
     """
 
     def __init__(self, base: AutoregressiveEnumerable, prompt: Tokens):
         self.base = base
         self.prompt = check_prompt(base, prompt)
-        self.vocab_size = int(base.vocab_size)
         self.eos = base.eos
         self.max_len = int(base.max_len) - len(self.prompt)
 
     def __repr__(self) -> str:
         return f"PromptedModel(base={self.base!r}, prompt={self.prompt})"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.base.vocab_size)
+
+    @property
+    def vocab_inferred(self) -> bool:
+        """Whether the base infers its vocabulary from the tables it has seen (it then grows)."""
+        return bool(getattr(self.base, "vocab_inferred", False))
 
     def with_prompt(self, tokens: Tokens) -> PromptedModel:
         """Extend the prompt: conditioning on ``self.prompt + tokens``."""

@@ -30,7 +30,15 @@ the target's float noise nor rounding to the working dtype can make it pass.
 The library never certifies against its own evidence: when the running max observed ``target -
 draft`` (the carry's ``max_excess``, this batch included) exceeds ``assumed_gap + tolerance``, the
 assumption is refuted and ``certified`` is 0 — even when the draft support is exhausted, since a
-sequence the draft rules out need not be ruled out by a target that breaks the gap.
+sequence the draft rules out need not be ruled out by a target that breaks the gap. A sequence
+with a finite target score that the draft rules out (draft ``-inf``) is evidence too: its excess
+is ``+inf``, which refutes every gap. A draft score of NaN means "not known" (a sequence the
+search found and the draft could not score) and is no evidence either way.
+
+Evidence is per batch, not per query: :func:`rescore_sweep` refutes every query of a sweep from
+EVERY row scored in its one target call (and the carry before it), so a narrow query never
+certifies while a wider one scored in the same call holds a refuting sequence; each query then
+equals a fresh index's answer to it, asked after the sweep's widest query.
 
 Rows whose target score is ``-inf`` (outside the target's support) are never returned.
 """
@@ -50,7 +58,8 @@ class GapCarry(NamedTuple):
     """Running diagnostics threaded through :func:`rescore` (a pytree).
 
     Attributes:
-      max_gap: float[], running max of ``|target - draft|`` over rescored pairs where both are finite.
+      max_gap: float[], running max of ``|target - draft|`` over rescored pairs with a finite
+        target score and a known draft score (``+inf`` when the draft gave such a pair ``-inf``).
       max_excess: float[], running max of ``target - draft`` over the same pairs (-inf before any):
         the one side of the gap the certificate relies on (see :func:`rescore`).
       sequences: int32[], sequences rescored so far.
@@ -115,8 +124,10 @@ def _clears(worst, bound, assumed_gap, tolerance):
 
 
 def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
-    """The carry after rescoring the valid rows of one batch in one target call."""
-    finite = valid & jnp.isfinite(target_lps) & jnp.isfinite(draft_lps)
+    """The carry after rescoring the valid rows of one batch in one target call: every row with a
+    finite target score and a known (non-NaN) draft score is evidence, ``+inf`` excess where
+    the draft rules the sequence out."""
+    finite = valid & jnp.isfinite(target_lps) & ~jnp.isnan(draft_lps)
     diffs = jnp.where(finite, target_lps - draft_lps, 0)
     dtype = carry.max_gap.dtype
     return GapCarry(
@@ -217,12 +228,25 @@ def rescore_sweep(
     *,
     k_max: int,
     tolerance: ArrayLike = 0.0,
+    evidence: ArrayLike | None = None,
 ) -> tuple[RescoreOutput, GapCarry]:
     """:func:`rescore` vmapped over a leading query axis ``Q`` of ``valid [Q, N]``, ``starts``,
-    ``ks`` and ``assumed_gaps [Q]``; the batch arrays, the carry and ``tolerance`` are shared."""
+    ``ks`` and ``assumed_gaps [Q]``; the batch arrays, the carry and ``tolerance`` are shared.
+
+    The evidence rule (see the module docstring): the carry is first updated ONCE with every row
+    any query covers (one target call) and every row of ``evidence`` (bool[N], optional: pairs
+    observed in the call that are no answer of any query), and every query decides against that
+    carry, so query ``q`` equals :func:`rescore` of its own rows with the batch's carry. Returns
+    the per-query outputs (leading axis ``Q``) and that one carry."""
+    target_lps, draft_lps = jnp.asarray(target_lps), jnp.asarray(draft_lps)
+    covered = jnp.any(jnp.asarray(valid, bool), axis=0)
+    if evidence is not None:
+        covered |= jnp.asarray(evidence, bool)
+    covered &= ~jnp.isnan(target_lps)
+    batch_carry = update_carry(carry, target_lps, draft_lps, covered)
     per_query = jax.vmap(
         lambda v, s, k, g: rescore(
-            target_lps, draft_lps, v, edge_bounds, s, k, g, carry, k_max=k_max, tolerance=tolerance
-        )
+            target_lps, draft_lps, v, edge_bounds, s, k, g, batch_carry, k_max=k_max, tolerance=tolerance
+        )[0]
     )
-    return per_query(valid, starts, ks, assumed_gaps)
+    return per_query(valid, starts, ks, assumed_gaps), batch_carry

@@ -24,9 +24,32 @@ Which exits count (the target's support decides, never the draft's):
   "rest" exit (token -1) with that value (unless ``m >= V``). A node whose full row was fetched
   has exact exits for every token instead;
 - a live node with no distribution at all (a leaf that is not a complete sequence, e.g. a pulled
-  sequence cut by the target's ``max_len``) gets a rest exit worth ``target(p)`` itself.
+  sequence cut before a token outside the target's vocabulary) gets a rest exit worth
+  ``target(p)`` itself;
+- a node that is itself a complete sequence of the target's support but was never scored AS
+  itself (a longer draft sequence the target reads only up to its ``max_len`` or its first
+  ``eos``) is an exit too: token :data:`COMPLETE`, worth ``target(p)``.
 
-All of it is host numpy in float64 over the padded scored set: the trie is the sorted sequences'
+The trie is built from each scored sequence AS THE TARGET READS IT (its *view*: cut at the
+target's ``max_len``, after its first ``eos``, and before its first token outside the target's
+vocabulary), never from the draft's sequences: the draft's tokens past a cut are no prefixes of
+the target's support.
+
+The assumptions, all of them, about the target (checked at query time by
+:func:`check_assumptions` and :func:`frontier`, or refused):
+
+1. its support is :class:`Structure`: token ids in ``[0, vocab_size)`` (``None``: not known,
+   e.g. an inferred vocabulary, then every node keeps its rest exit), sequences of exactly
+   ``max_len`` tokens (no ``eos``) or ending at their first ``eos`` within ``max_len``;
+2. a sequence's score is the sum of its step log-probs, and each step read from a position's
+   distribution is ``<= 0`` (clipped: a log-softmax can return ``+1e-7``);
+3. every token outside a position's top-m has log-prob at most the m-th value;
+4. one prefix's numbers agree between forwards within the target's ``score_tolerance``: where
+   the scored set holds the same prefix more than once (two scored sequences sharing it, two
+   rounds, a fetched full row), the largest difference seen is :attr:`Frontier.moved`, and a
+   proof needs it within the tolerance (the search stops with the reason otherwise).
+
+All of it is host numpy in float64 over the padded scored set: the trie is the sorted views'
 longest common prefixes, so nothing loops per node in Python.
 """
 
@@ -38,32 +61,67 @@ import numpy as np
 
 REST = -1
 """Token id of an exit standing for every token outside a node's known top-m."""
+COMPLETE = -2
+"""Token id of an exit that is its node itself: a complete support sequence never scored as such."""
 
 
 class Structure(NamedTuple):
-    """The target's support: ``vocab_size``, ``eos`` (None = fixed length) and ``max_len``."""
+    """The target's support: ``vocab_size`` (None: not known, e.g. inferred and still growing),
+    ``eos`` (None = fixed length) and ``max_len``."""
 
-    vocab_size: int
+    vocab_size: int | None
     eos: int | None
     max_len: int
 
 
+def view_lengths(tokens: np.ndarray, lengths: np.ndarray, structure: Structure) -> np.ndarray:
+    """int64[N]: how much of each padded sequence ``tokens: int[N, T]`` (``lengths: int[N]``) the
+    target reads, its *view*: cut at ``max_len``, before its first token outside ``[0,
+    vocab_size)`` and after its first ``eos``."""
+    n, width = tokens.shape
+    cut = np.minimum(np.asarray(lengths, np.int64), structure.max_len)
+    if width == 0 or n == 0:
+        return cut
+    cols = np.arange(width)[None, :]
+    inside = cols < cut[:, None]
+    bad = inside & (tokens < 0)
+    if structure.vocab_size is not None:
+        bad |= inside & (tokens >= structure.vocab_size)
+    cut = np.where(bad.any(axis=1), np.argmax(bad, axis=1), cut)
+    if structure.eos is not None:
+        at = (cols < cut[:, None]) & (tokens == structure.eos)
+        cut = np.where(at.any(axis=1), np.argmax(at, axis=1) + 1, cut)
+    return cut
+
+
+def complete(tokens: np.ndarray, lengths: np.ndarray, structure: Structure) -> np.ndarray:
+    """bool[N]: whether each padded view (``tokens: int[N, T]``, ``lengths: int[N]``, as
+    :func:`view_lengths` cuts them) is a whole sequence of the target's support."""
+    lengths = np.asarray(lengths, np.int64)
+    if structure.eos is None:
+        return lengths == structure.max_len
+    last = tokens[np.arange(lengths.size), np.maximum(lengths - 1, 0)] if tokens.shape[1] else np.zeros(0)
+    return (lengths > 0) & (last == structure.eos)
+
+
 class ScoredArrays(NamedTuple):
-    """The scored set as padded arrays (row ``i`` is scored sequence ``i``).
+    """The scored set as padded arrays (row ``i`` is scored sequence ``i`` as the target reads it:
+    its :func:`view`).
 
     Attributes:
-      tokens: int64[N, L], the sequences, padded with -1.
-      lengths: int64[N].
-      known: int64[N], positions ``< known[i]`` of row ``i`` have a distribution (the forward row
-        was the sequence cut at the target's ``max_len`` and after its first ``eos``).
-      steps: float64[N, W], per-step target log-probs (<= 0), ``W >= max(known)``.
+      tokens: int64[N, L], the views, padded with -1.
+      lengths: int64[N], the views' lengths: positions ``< lengths[i]`` of row ``i`` have a
+        distribution (the forward row was the view).
+      whole: bool[N], whether scored sequence ``i`` is its view (its score is the view's score;
+        otherwise the sequence scored -inf and its view, if complete, is an unscored exit).
+      steps: float64[N, W], per-step target log-probs (<= 0), ``W >= L``.
       top_lps: float32[N, W, m], top_ids: int32[N, W, m], eos_lps: float32[N, W]: per position.
       rows: dict mapping a prefix (tuple) to its fetched full next-token row float32[V].
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
-    known: np.ndarray
+    whole: np.ndarray
     steps: np.ndarray
     top_lps: np.ndarray
     top_ids: np.ndarray
@@ -163,21 +221,69 @@ def _node(trie: Trie, prefix: tuple) -> int:
     return node
 
 
-def node_exits(s: ScoredArrays, trie: Trie, structure: Structure, floor: float = -np.inf) -> Exits:
-    """The exits of the trie with their bounds (see the module docstring): every one worth at
-    least ``floor``, and the best one (so their max is the frontier bound) when all are below."""
-    tokens, known = s.tokens, s.known
+def node_scores(s: ScoredArrays, trie: Trie) -> tuple[np.ndarray, float]:
+    """``(score float64[K], moved)``: each node's target score (the largest of its occurrences,
+    so the bound is the looser one) and the largest difference between two forwards' numbers for
+    one prefix that the scored set shows (its score, its distribution's largest log-prob, its
+    eos log-prob, a fetched full row's largest log-prob; see assumption 4 of the module
+    docstring)."""
+    n_nodes = trie.first.shape[0]
+    width = trie.node_of.shape[1]
+    cum = np.concatenate([np.zeros((s.tokens.shape[0], 1)), np.cumsum(s.steps, axis=1)], axis=1)[:, :width]
+    at = trie.node_of >= 0  # every (row, depth) with depth <= the row's length
+    score, moved = _spread(trie.node_of[at], cum[at], n_nodes)
+    d = np.arange(width)[None, :]
+    has = at & (d < s.lengths[:, None])  # positions with a distribution
+    nodes = trie.node_of[has]
+    if nodes.size:
+        rows, depths = np.nonzero(has)
+        top = s.top_lps[rows, depths].max(axis=1).astype(np.float64)
+        for values in (top, s.eos_lps[rows, depths].astype(np.float64)):
+            moved = max(moved, _spread(nodes, values, n_nodes)[1])
+        if s.rows:
+            best = np.full(n_nodes, -np.inf)
+            np.maximum.at(best, nodes, top)
+            has = np.zeros(n_nodes, bool)
+            has[nodes] = True
+            for prefix, row in s.rows.items():
+                v = _node(trie, prefix)
+                if v >= 0 and has[v]:
+                    moved = max(moved, float(_gap(best[v], np.max(row, initial=-np.inf))))
+    return score, moved
+
+
+def _spread(nodes: np.ndarray, values: np.ndarray, n_nodes: int) -> tuple[np.ndarray, float]:
+    """Per node, the largest of ``values`` (float64[K], -inf where none) and the largest
+    difference within one node (``inf`` when one occurrence is -inf and another is not)."""
+    hi = np.full(n_nodes, -np.inf)
+    lo = np.full(n_nodes, np.inf)
+    np.maximum.at(hi, nodes, values)
+    np.minimum.at(lo, nodes, values)
+    seen = np.isfinite(lo) | (hi > -np.inf)
+    if not seen.any():
+        return hi, 0.0
+    return hi, float(np.max(_gap(hi[seen], lo[seen])))
+
+
+def _gap(a, b):
+    """``|a - b|`` where two -inf agree (0) and -inf against a number is ``inf``."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(a == b, 0.0, np.abs(a - b))
+
+
+def node_exits(s: ScoredArrays, trie: Trie, structure: Structure, floor: float = -np.inf, score=None) -> Exits:
+    """The exits of the trie with their bounds (see the module docstring), from each node's
+    ``score: float64[K]`` (:func:`node_scores`, computed when not given): every one worth at
+    least ``floor``, and the best one (so their max is the frontier bound) when all are below.
+    Exits worth ``-inf`` bound nothing and are left out."""
     n_nodes = trie.first.shape[0]
     if n_nodes == 0:  # nothing scored: the root alone, live
         return _root_exits(s, structure)
-    cum = np.concatenate([np.zeros((tokens.shape[0], 1)), np.cumsum(s.steps, axis=1)], axis=1)
-    # One occurrence per node where its own score is known (d <= known), and one where its
-    # distribution is (d < known).
-    nodes_s, occ_s = _occurrences(trie, known, strict=False)
-    nodes_d, occ_d = _occurrences(trie, known, strict=True)
-    prefix_score = np.full(n_nodes, np.nan)  # NaN (never clears) if a live node had none
-    prefix_score[nodes_s] = cum[occ_s[:, 0], occ_s[:, 1]]
-    live = _live(trie, tokens, structure)
+    if score is None:
+        score = node_scores(s, trie)[0]
+    nodes_d, occ_d = _occurrences(trie, s.lengths)
+    live = _live(trie, s.tokens, structure)
     fetched = np.zeros(n_nodes, bool)
     at = [_node(trie, p) for p in s.rows]
     fetched[[v for v in at if v >= 0]] = True
@@ -186,13 +292,29 @@ def node_exits(s: ScoredArrays, trie: Trie, structure: Structure, floor: float =
     with_dist[nodes_d] = True
     top = live[nodes_d] & ~fetched[nodes_d]
     blind = np.flatnonzero(live & ~fetched & ~with_dist)
+    unscored = np.flatnonzero(_unscored_complete(s, trie, structure))
     parts = [
-        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], prefix_score, floor),
-        _row_exits(s, trie, structure, np.flatnonzero(fetched), prefix_score),
+        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], score, floor),
+        _row_exits(s, trie, structure, np.flatnonzero(fetched), score),
         # Live nodes without a distribution: everything below them is bounded by their score.
-        Exits(trie.first[blind, 0], trie.first[blind, 1], np.full(blind.size, REST), prefix_score[blind]),
+        Exits(trie.first[blind, 0], trie.first[blind, 1], np.full(blind.size, REST), score[blind]),
+        Exits(trie.first[unscored, 0], trie.first[unscored, 1], np.full(unscored.size, COMPLETE), score[unscored]),
     ]
-    return _at_least(_concat(parts), floor)
+    ex = _concat(parts)
+    ex = Exits(*(a[ex.value > -np.inf] for a in ex))
+    return _at_least(ex, floor)
+
+
+def _unscored_complete(s: ScoredArrays, trie: Trie, structure: Structure) -> np.ndarray:
+    """bool[K]: nodes that are whole support sequences but no scored sequence is that node itself
+    (only longer draft sequences the target cut there)."""
+    rows = np.arange(s.lengths.size)
+    end = trie.node_of[rows, s.lengths]
+    comp = complete(s.tokens, s.lengths, structure)
+    out = np.zeros(trie.first.shape[0], bool)
+    out[end[comp]] = True
+    out[end[comp & s.whole]] = False
+    return out
 
 
 def _at_least(ex: Exits, floor: float) -> Exits:
@@ -224,11 +346,11 @@ def _root_exits(s: ScoredArrays, structure: Structure) -> Exits:
     return _concat([Exits(np.full(int(keep.sum()), -1), np.zeros(int(keep.sum())), toks[keep], vals[keep])])
 
 
-def _occurrences(trie: Trie, known: np.ndarray, *, strict: bool):
-    """For each node that has one, an occurrence ``(row, depth)`` with ``depth < known[row]``
-    (``strict``) or ``<=``: returns ``(nodes int64[K'], occ int64[K', 2])``."""
+def _occurrences(trie: Trie, lengths: np.ndarray):
+    """For each node that has a distribution, an occurrence ``(row, depth)`` with ``depth <
+    lengths[row]``: returns ``(nodes int64[K'], occ int64[K', 2])``."""
     d = np.arange(trie.node_of.shape[1])[None, :]
-    ok = (trie.node_of >= 0) & ((d < known[:, None]) if strict else (d <= known[:, None]))
+    ok = (trie.node_of >= 0) & (d < lengths[:, None])
     rows, depths = np.nonzero(ok)
     nodes, idx = np.unique(trie.node_of[rows, depths], return_index=True)
     return nodes, np.stack([rows[idx], depths[idx]], axis=1)
@@ -262,17 +384,18 @@ def _top_m_exits(s, trie, structure, nodes, occ, prefix_score, floor=-np.inf) ->
     allowed = ~child & np.isfinite(vals) & ~last[:, None]
     if floor > -np.inf and allowed.any():
         worth = prefix_score[nodes][:, None] + vals
-        # argmax finds a NaN first (a node whose score is unknown never clears: it must stay)
         best = np.unravel_index(np.argmax(np.where(allowed, worth, -np.inf)), worth.shape)
-        allowed &= ~(worth < floor)
-        allowed[best] = True
+        kept = allowed & ~(worth < floor)
+        kept[best] |= allowed[best]  # the best ALLOWED exit (never a child: all may be -inf)
+        allowed = kept
     k_idx, j_idx = np.nonzero(allowed)
     seq = [trie.first[nodes[k_idx], 0]]
     dep = [depths[k_idx]]
     tok = [ids[k_idx, j_idx]]
     val = [prefix_score[nodes[k_idx]] + vals[k_idx, j_idx]]
-    # Tokens outside the top-m: at most the m-th value each (none when m covers the vocabulary).
-    if m < structure.vocab_size:
+    # Tokens outside the top-m: at most the m-th value each (none when m covers a KNOWN
+    # vocabulary; a whole row padded to m ends in -inf, so it has none either).
+    if structure.vocab_size is None or m < structure.vocab_size:
         rest = ~last & np.isfinite(vals[:, -1])
         seq.append(trie.first[nodes[rest], 0])
         dep.append(depths[rest])
@@ -304,21 +427,54 @@ def _row_exits(s, trie, structure, nodes, prefix_score) -> Exits:
 
 class Frontier(NamedTuple):
     """``bound``: the frontier bound F (float64; -inf when no exit exists, i.e. the scored set
-    holds the target's whole support); ``exits``: every exit, for the search to expand."""
+    holds the target's whole support); ``exits``: every exit, for the search to expand;
+    ``moved``: the largest difference between two forwards' numbers for one prefix (nats; a
+    proof needs it within the target's ``score_tolerance``)."""
 
     bound: float
     exits: Exits
+    moved: float = 0.0
 
 
 def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> Frontier:
     """The frontier bound of a scored set and the exits it comes from: all of them count in the
     bound; ``exits`` keeps those worth at least ``floor`` (a search that could only open exits
     above some score leaves out the rest)."""
-    base = int(max(structure.vocab_size, int(s.tokens.max(initial=-1)) + 1, int(s.top_ids.max(initial=-1)) + 1, 1))
+    check_assumptions(s, structure)
+    vocab = 0 if structure.vocab_size is None else structure.vocab_size
+    base = int(max(vocab, int(s.tokens.max(initial=-1)) + 1, int(s.top_ids.max(initial=-1)) + 1, 1))
     trie = build_trie(s.tokens, s.lengths, base)
-    exits = node_exits(s, trie, structure, floor)
+    score, moved = node_scores(s, trie) if trie.first.shape[0] else (None, 0.0)
+    exits = node_exits(s, trie, structure, floor, score)
     bound = float(exits.value.max()) if exits.value.size else -np.inf
-    return Frontier(bound, exits)
+    return Frontier(bound, exits, moved)
+
+
+def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
+    """Raise ValueError when the target's numbers break an assumption of the module docstring
+    that can be seen in them: a step or a top-m log-prob above 0 or NaN, a top-m token id outside
+    the vocabulary, an impossible support structure."""
+    if not (isinstance(structure.max_len, (int, np.integer)) and structure.max_len >= 1):
+        raise ValueError(f"the target's max_len must be an integer >= 1, got {structure.max_len!r}")
+    vocab = structure.vocab_size
+    if vocab is not None and vocab < 1:
+        raise ValueError(f"the target's vocab_size must be >= 1 or unknown (None), got {vocab!r}")
+    if structure.eos is not None and (structure.eos < 0 or vocab is not None and structure.eos >= vocab):
+        raise ValueError(f"the target's eos={structure.eos} is not a token id in [0, {vocab})")
+    real = np.arange(s.steps.shape[1])[None, :] < s.lengths[:, None]  # positions with a distribution
+    for name, arr in (("step", s.steps[real]), ("top-m", s.top_lps[real]), ("eos", s.eos_lps[real])):
+        if arr.size and not np.all(arr <= 0.0):  # NaN fails this too
+            raise ValueError(
+                f"the target's forward returned a {name} log-prob that is NaN or above 0 (after "
+                "clipping): it breaks the proof's assumption that every step costs >= 0 nats"
+            )
+    if vocab is not None and s.top_ids.size:
+        ids = s.top_ids[real][np.isfinite(s.top_lps[real])]
+        if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+            raise ValueError(
+                f"the target's forward named token {int(ids.max())} among a position's "
+                f"top-m, outside its vocabulary [0, {vocab})"
+            )
 
 
 def clears(worst: float, bound, tolerance: float):

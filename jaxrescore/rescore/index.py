@@ -23,7 +23,7 @@ import numpy as np
 from jaxrescore.models.frontier import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.core import CERT_NONE, CERT_TRUE, GapCarry, rescore_sweep
 from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
-from jaxrescore.rescore.scored import ScoredSet
+from jaxrescore.rescore.scored import ScoredSet, forward_rows, target_structure
 from jaxrescore.rescore.search import Proof, SearchBudget, check_proof, completion_model, greedy_complete, prove_search
 from jaxrescore.sequences import bucket_size
 
@@ -38,9 +38,9 @@ MIN_CORE_ROWS = 1024
 MIN_CORE_K = 32
 
 
-def _traced_sweep(*args, k_max, tolerance):
+def _traced_sweep(*args, k_max, tolerance, evidence):
     TRACE_COUNTS["rescore_sweep"] += 1
-    return rescore_sweep(*args, k_max=k_max, tolerance=tolerance)
+    return rescore_sweep(*args, k_max=k_max, tolerance=tolerance, evidence=evidence)
 
 
 _jit_sweep = jax.jit(_traced_sweep, static_argnames="k_max")
@@ -204,6 +204,7 @@ class RescoredIndex:
         self._score = as_scorer(target)
         self.draft_index = draft_index
         self.target = target
+        self._draft_model_arg = draft_model
         self.draft_model = completion_model(draft_index, draft_model, target)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._lock = threading.RLock()
@@ -298,7 +299,9 @@ class RescoredIndex:
         """Many queries at once: ONE pull of the largest extent, ONE target call, ONE vmapped core
         call. Result ``q`` equals what a fresh index with window ``rerank_windows[q]`` (default this
         index's) and gap ``assumed_gaps[q]`` (default this index's) returns for
-        ``slice(starts[q], ks[q])``, except that ``gap`` also counts earlier queries on this index."""
+        ``slice(starts[q], ks[q])`` when asked after the sweep's widest pull: every query's
+        ``gap``, ``excess`` and certificate see every sequence scored in the sweep's one call (and
+        earlier on this index), so no query certifies against evidence that call holds."""
         try:
             starts, ks = list(starts), list(ks)
             windows = [self.rerank_window] * len(starts) if rerank_windows is None else list(rerank_windows)
@@ -318,7 +321,7 @@ class RescoredIndex:
 
     def new_scored_set(self) -> ScoredSet:
         """An empty :class:`ScoredSet` for this index's target."""
-        return ScoredSet(self.target, self._score, self.top_m)
+        return ScoredSet(self.target, self._score, self.top_m, self._draft_scores)
 
     def _run(self, queries: list[_Query]) -> list[RescoreResult]:
         pull, bounds = self._prepare(queries)
@@ -361,9 +364,10 @@ class RescoredIndex:
     def _core(self, queries, scored: ScoredSet, rows: list, bounds: dict):
         """Pad to power-of-two shapes and run the jitted vmapped core in float64."""
         n = len(scored)
+        ev_target, ev_draft = scored.evidence  # observations of the gap that are no answers
         # Every new shape compiles the core (0.6-1.2 s on CPU, measured), while running it on
         # 1024 rows costs ~0.6 ms: generous minimum buckets make most queries share one compile.
-        size, n_q = bucket_size(n, MIN_CORE_ROWS), bucket_size(len(queries), 1)
+        size, n_q = bucket_size(n + ev_target.size, MIN_CORE_ROWS), bucket_size(len(queries), 1)
         # A query returns at most its rows: memory follows the answer, never a huge k. Clipping k
         # and start to n + 1 keeps every verdict (a k above the rows is short either way).
         k_max = bucket_size(max(min(q.k, r) for q, r in zip(queries, rows)), MIN_CORE_K)
@@ -371,6 +375,9 @@ class RescoredIndex:
         target[:n] = scored.target_lps
         draft = np.full(size, -np.inf)
         draft[:n] = scored.draft_lps
+        target[n : n + ev_target.size], draft[n : n + ev_target.size] = ev_target, ev_draft
+        evidence = np.zeros(size, bool)
+        evidence[n : n + ev_target.size] = True
         edges = np.full(size, np.nan)
         valid = np.zeros((n_q, size), bool)
         starts, ks, gaps = np.zeros(n_q, np.int32), np.ones(n_q, np.int32), np.full(n_q, np.nan)
@@ -384,7 +391,8 @@ class RescoredIndex:
         carry = GapCarry(np.float64(self._carry.max_gap), np.float64(self._carry.max_excess), np.int32(0), np.int32(0))
         with jax.enable_x64(True):
             out, _ = _jit_sweep(
-                target, draft, valid, edges, starts, ks, gaps, carry, k_max=k_max, tolerance=np.float64(scored.tolerance)
+                target, draft, valid, edges, starts, ks, gaps, carry, k_max=k_max,
+                tolerance=np.float64(scored.tolerance), evidence=evidence,
             )
             return jax.tree.map(np.asarray, out)
 
@@ -459,20 +467,42 @@ class RescoredIndex:
 
     def _complete(self, prefixes: list) -> list:
         """Speculated completions of exit prefixes (draft greedy; the target when no draft model)."""
-        from jaxrescore.rescore.scored import target_structure
-
         structure = target_structure(self.target)
         model = self.draft_model if self.draft_model is not None else self.target
         return greedy_complete(model, prefixes, structure, self.completion_branch)
 
     def _draft_scores(self, seqs: list) -> np.ndarray:
-        model = self.draft_model
-        if model is None or not callable(getattr(model, "score_sequences", None)):
-            return np.full(len(seqs), np.nan)
-        try:
-            return np.minimum(np.asarray(model.score_sequences(seqs), np.float64), 0.0)
-        except ValueError:  # e.g. a draft shorter than a completion: its score is unknown
-            return np.full(len(seqs), np.nan)
+        """The draft's log-probs ``float64[N]`` of sequences the search found: ``-inf`` for one
+        outside the draft's support (evidence against a gap, see :mod:`jaxrescore.rescore.core`),
+        NaN where no draft model can say."""
+        model = draft_scorer(self.draft_index, self._draft_model_arg, self.draft_model)
+        out = np.full(len(seqs), np.nan)
+        structure = target_structure(model) if model is not None else None
+        if structure is None:
+            return out
+        _, ok = forward_rows(seqs, structure)
+        out[~ok] = -np.inf
+        inside = np.flatnonzero(ok)
+        if inside.size:
+            try:
+                out[inside] = np.minimum(np.asarray(model.score_sequences([seqs[i] for i in inside]), np.float64), 0.0)
+            except (ValueError, TypeError):  # a foreign model that cannot score them: unknown
+                pass
+        return out
+
+
+def draft_scorer(draft_index: Any, draft_model: Any, completion: Any):
+    """The model whose scores the draft index orders by, for scoring sequences it did not pull:
+    the index's own ``.model``, else the ``draft_model`` given, else the completion model's draft
+    (a draft continued by the target scores nothing of the target's). None when none can score."""
+    from jaxrescore.models.checked import ContinuedModel
+
+    for model in (getattr(draft_index, "model", None), draft_model, completion):
+        if isinstance(model, ContinuedModel):
+            model = model.draft
+        if callable(getattr(model, "score_sequences", None)) and target_structure(model) is not None:
+            return model
+    return None
 
 
 def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int, excess: float, tolerance: float) -> str:
@@ -484,11 +514,15 @@ def _reason(q: _Query, items: list, code: int, bound: DraftBound | None, n: int,
         return f"no sound bound on unpulled sequences: {bound.why}"
     if excess > q.gap + tolerance:
         return (
-            f"assumed_gap {q.gap:.6g} is refuted by the library's own observations: a rescored "
-            f"sequence has target - draft = {excess:.6g} > assumed_gap + tolerance {tolerance:g}"
+            f"assumed_gap {q.gap:.6g} is refuted by the library's own observations: a "
+            f"sequence the target scored (in this call or earlier on this index) has target - draft = "
+            f"{excess:.6g} > assumed_gap + tolerance {tolerance:g}"
         )
     if bound.value == -math.inf:
-        return f"draft support exhausted after {n} sequences: every draft sequence was rescored ({bound.why})"
+        return (
+            f"draft support exhausted: every sequence the draft index holds is among the {n} rescored "
+            f"({bound.why}), and no rescored sequence refutes the gap"
+        )
     if len(items) < q.k:
         return f"only {len(items)} of k={q.k} items: the draft ran out, but it is not exhausted"
     worst = items[-1][1]

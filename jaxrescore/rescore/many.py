@@ -16,7 +16,7 @@ from jaxrescore.rescore.index import (
     as_scorer,
     require_int,
 )
-from jaxrescore.rescore.scored import ScoredSet, checked_scores, forward_rows
+from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, forward_rows, frontier_scores
 from jaxrescore.rescore.search import SearchBudget, next_round
 from jaxrescore.sequences import from_tuples
 
@@ -56,14 +56,12 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
         tolerance = min(s.tolerance for s in sets)
         return [(sc, None) for sc in np.split(checked_scores(raw, flat, tolerance), splits)]
     cut = [forward_rows(part, s.structure) for s, part in zip(sets, parts)]
-    rows = [pr + r for pr, (rs, _) in zip(prompts, cut) for r in rs]
-    skip = np.repeat([len(pr) for pr in prompts], sizes).astype(np.int32)
-    fs = model.score_frontier(from_tuples(rows), top_m=sets[0].top_m, skip=skip)
+    rows = [r for rs, _ in cut for r in rs]
+    fs = frontier_scores(model, rows, sets[0].top_m, [pr for pr, rs in zip(prompts, cut) for _ in rs[0]])
     out = []
     for (rs, ok), s, lo, hi in zip(cut, sets, np.concatenate([[0], splits]), np.cumsum(sizes)):
         block = FrontierScores(*(a[lo:hi] for a in fs))
-        scores = checked_scores(block.scores, parts[len(out)], s.tolerance)
-        out.append((np.where(ok, scores, -np.inf), (rs, block)))
+        out.append((checked_frontier(block, parts[len(out)], ok, s.tolerance), (rs, block)))
     return out
 
 

@@ -6,9 +6,11 @@ target that has ``score_frontier`` the same call returns each position's top-m n
 log-probs (see :mod:`jaxrescore.models.frontier`); the set turns them into the padded
 :class:`~jaxrescore.rescore.frontier.ScoredArrays` the frontier bound is computed from.
 
-Rows sent to the target are the sequences cut at the target's ``max_len`` and after their first
-``eos``: those are exactly the positions whose prefixes a support sequence can share, and every
-model can evaluate them. A sequence outside the target's support scores ``-inf``.
+Rows sent to the target are the sequences as the target reads them (their views, see
+:func:`~jaxrescore.rescore.frontier.view_lengths`: cut at the target's ``max_len``, before a token
+outside its vocabulary and after the first ``eos``): those are exactly the positions whose prefixes
+a support sequence can share, and every model can evaluate them. A sequence outside the target's
+support scores ``-inf``; the trie of the proof is built from the views.
 """
 
 from __future__ import annotations
@@ -19,17 +21,30 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.models.frontier import DEFAULT_TOP_M, FrontierScores, score_tolerance
-from jaxrescore.rescore.frontier import ScoredArrays, Structure
+from jaxrescore.rescore.frontier import ScoredArrays, Structure, complete, view_lengths
 from jaxrescore.sequences import from_tuples
 
 
 def target_structure(target: Any) -> Structure | None:
-    """The target's support as a :class:`Structure`, or None when it does not say (a bare
-    scoring function)."""
+    """The target's support as a :class:`Structure` read NOW (an inferred vocabulary grows with
+    every call, so read it after the calls it must cover), or None when the target does not say
+    (a bare scoring function). An inferred vocabulary is reported as unknown (``vocab_size
+    None``), never as its current width."""
     try:
-        return Structure(int(target.vocab_size), None if target.eos is None else int(target.eos), int(target.max_len))
+        vocab = None if _vocab_inferred(target) else int(target.vocab_size)
+        return Structure(vocab, None if target.eos is None else int(target.eos), int(target.max_len))
     except (AttributeError, TypeError, ValueError):
         return None
+
+
+def _vocab_inferred(model: Any) -> bool:
+    """Whether ``model`` (or the model it wraps: a prompted or checked model) infers its
+    vocabulary from the tables it has seen."""
+    while model is not None:
+        if getattr(model, "vocab_inferred", False) is True:
+            return True
+        model = getattr(model, "base", None) or getattr(model, "model", None)
+    return False
 
 
 def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
@@ -56,19 +71,57 @@ def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
 
 
 def forward_rows(seqs: list, structure: Structure) -> tuple[list, np.ndarray]:
-    """The rows to score (each sequence cut at ``max_len`` and after its first ``eos``) and
-    ``bool[N]``: whether each sequence is in the target's support."""
-    rows, ok = [], np.zeros(len(seqs), bool)
-    for i, s in enumerate(seqs):
-        cut = s[: structure.max_len]
-        if structure.eos is not None and structure.eos in cut:
-            cut = cut[: cut.index(structure.eos) + 1]
-        rows.append(cut)
-        if structure.eos is None:
-            ok[i] = len(s) == structure.max_len
-        else:
-            ok[i] = len(cut) == len(s) and len(s) > 0 and s[-1] == structure.eos
+    """The rows to score (each sequence's view: what the target reads of it) and ``bool[N]``:
+    whether each sequence is in the target's support (its own view, and complete)."""
+    if not seqs:
+        return [], np.zeros(0, bool)
+    batch = from_tuples(seqs)
+    tokens = np.where(batch.mask, batch.tokens, -1).astype(np.int64)
+    cut = view_lengths(tokens, batch.lengths, structure)
+    rows = [s if n == len(s) else s[:n] for s, n in zip(seqs, cut.tolist())]
+    ok = (cut == batch.lengths) & complete(tokens, cut, structure)
     return rows, ok
+
+
+def frontier_scores(model: Any, rows: list, top_m: int, prompts: list | None = None) -> FrontierScores:
+    """``model.score_frontier`` of the views ``rows`` (each after its prompt, whose steps are
+    skipped, when ``prompts`` are given). An empty view (a sequence whose first token the target
+    cannot read) has no position: it is left out of the call and padded here."""
+    keep = [i for i, r in enumerate(rows) if len(r)]
+    if not keep:
+        return FrontierScores(np.full(len(rows), -np.inf), np.zeros((len(rows), 1)),
+                              np.full((len(rows), 1, top_m), -np.inf, np.float32),
+                              np.zeros((len(rows), 1, top_m), np.int32), np.full((len(rows), 1), -np.inf, np.float32))
+    if prompts is None:
+        fs = model.score_frontier([rows[i] for i in keep], top_m=top_m)
+    else:
+        seqs = from_tuples([tuple(prompts[i]) + rows[i] for i in keep])
+        fs = model.score_frontier(seqs, top_m=top_m, skip=np.array([len(prompts[i]) for i in keep], np.int32))
+    if len(keep) == len(rows):
+        return fs
+    out = FrontierScores(np.full(len(rows), -np.inf), *(
+        np.full((len(rows),) + a.shape[1:], fill, a.dtype) for a, fill in zip(fs[1:], (0.0, -np.inf, 0, -np.inf))))
+    for full, part in zip(out, fs):
+        full[keep] = part
+    return out
+
+
+def checked_frontier(fs: FrontierScores, seqs: list, ok: np.ndarray, tolerance: float) -> np.ndarray:
+    """The scores ``float64[N]`` of ``seqs`` from their views' forward ``fs`` (``-inf`` where
+    ``ok`` is False: outside the support), checked like :func:`checked_scores` and against the
+    proof's assumption that a score is the sum of its steps (within ``tolerance``)."""
+    scores = checked_scores(fs.scores, seqs, tolerance)
+    sums = np.asarray(fs.steps, np.float64).sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        off = ok & np.isfinite(scores) & ~(np.abs(scores - sums) <= tolerance)
+    if off.any():
+        i = int(np.argmax(off))
+        raise ValueError(
+            f"target.score_frontier scored sequence {seqs[i]} {scores[i]!r} but its steps sum to "
+            f"{sums[i]!r}: a score must be the sum of its step log-probs (within the target's "
+            f"score_tolerance {tolerance:g})"
+        )
+    return np.where(ok, scores, -np.inf)
 
 
 class ScoredSet:
@@ -78,6 +131,8 @@ class ScoredSet:
       target: the target model, or a bare callable ``[seqs] -> log_probs``.
       score: the target's batch scorer (``score_sequences`` or the callable).
       top_m: top next-token log-probs kept per position when the target has ``score_frontier``.
+      draft_scores: ``draft_scores(seqs) -> float64[N]`` (NaN: unknown), the draft's scores of
+        whole target sequences met only as views of longer sequences (see :attr:`evidence`).
 
     Attributes:
       seqs: the scored sequences (tuples), in the order added.
@@ -86,11 +141,12 @@ class ScoredSet:
       calls, sequences: target calls made and sequences (or prefix rows) evaluated by this set.
     """
 
-    def __init__(self, target: Any, score, top_m: int = DEFAULT_TOP_M):
+    def __init__(self, target: Any, score, top_m: int = DEFAULT_TOP_M, draft_scores=None):
         self.target = target
+        self._draft_scores = draft_scores
+        self._evidence: list[tuple[np.ndarray, np.ndarray]] = []
         self._score = score
         self.top_m = top_m
-        self.structure = target_structure(target)
         self.tolerance = score_tolerance(target)
         self.proves = callable(getattr(target, "score_frontier", None)) and self.structure is not None
         self.seqs: list = []
@@ -110,12 +166,44 @@ class ScoredSet:
         return len(self.seqs)
 
     @property
+    def structure(self) -> Structure | None:
+        """The target's support, read now (see :func:`target_structure`)."""
+        return target_structure(self.target)
+
+    @property
     def target_lps(self) -> np.ndarray:
         return np.concatenate(self._target) if self._target else np.zeros(0)
 
     @property
     def draft_lps(self) -> np.ndarray:
         return np.concatenate(self._draft) if self._draft else np.zeros(0)
+
+    @property
+    def evidence(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(target float64[E], draft float64[E])``: scores of whole target sequences the forward
+        computed as the view of a longer scored sequence (a draft sequence past the target's
+        ``max_len`` or ``eos``). They are no answers (never scored as themselves) but they are
+        observations of the gap like any scored pair."""
+        if not self._evidence:
+            return np.zeros(0), np.zeros(0)
+        return tuple(np.concatenate(c) for c in zip(*self._evidence))
+
+    def _view_evidence(self, seqs: list, block) -> tuple[np.ndarray, np.ndarray] | None:
+        """The evidence pairs of one scored block (see :attr:`evidence`), or None."""
+        if block is None or self._draft_scores is None:
+            return None
+        rows, fs = block
+        cut = [i for i, (r, q) in enumerate(zip(rows, seqs)) if len(r) != len(q) and len(r)]
+        if not cut:
+            return None
+        views = [rows[i] for i in cut]
+        batch = from_tuples(views)
+        whole = complete(np.where(batch.mask, batch.tokens, -1), batch.lengths, self.structure)
+        idx = [i for i, w in zip(cut, whole) if w]
+        if not idx:
+            return None
+        target = np.minimum(np.asarray(fs.scores, np.float64)[idx], 0.0)
+        return target, np.asarray(self._draft_scores([rows[i] for i in idx]), np.float64).reshape(len(idx))
 
     @property
     def ranks(self) -> np.ndarray:
@@ -137,9 +225,8 @@ class ScoredSet:
         if not self.proves:
             return checked_scores(self._score(seqs), seqs, self.tolerance), None
         rows, ok = forward_rows(seqs, self.structure)
-        fs = self.target.score_frontier(rows, top_m=self.top_m)
-        scores = checked_scores(fs.scores, seqs, self.tolerance)
-        return np.where(ok, scores, -np.inf), (rows, fs)
+        fs = frontier_scores(self.target, rows, self.top_m)
+        return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs)
 
     def add(self, seqs: list, draft_lps, ranks, *, scored=None) -> None:
         """Add sequences not scored yet (the caller passes only new ones), scoring them in one
@@ -150,8 +237,11 @@ class ScoredSet:
         if scored is None:
             scored = self.score(seqs)
             self.calls += 1
-        self.sequences += len(seqs)
         scores, block = scored
+        evidence = self._view_evidence(seqs, block)  # before any change: it may raise
+        self.sequences += len(seqs)
+        if evidence is not None:
+            self._evidence.append(evidence)
         self._adds.append(len(self.seqs))
         for i, s in enumerate(seqs, start=len(self.seqs)):
             self.where[s] = i
@@ -195,38 +285,39 @@ class ScoredSet:
             return self._cache
         ends = self._adds[1:] + [len(self.seqs)]
         for i in range(len(self._packed), len(self._adds)):  # each add packed once, on demand
-            batch = from_tuples(self.seqs[self._adds[i] : ends[i]])
-            self._packed.append([np.where(batch.mask, batch.tokens, -1).astype(np.int64), batch.lengths, None])
-        length = max([t.shape[1] for t, _, _ in self._packed] + [1])
+            views = self._blocks[i][0]  # the rows the target read: the trie is built from them
+            batch = from_tuples(views)
+            whole = np.array([len(v) == len(q) for v, q in zip(views, self.seqs[self._adds[i] : ends[i]])], bool)
+            self._packed.append([np.where(batch.mask, batch.tokens, -1).astype(np.int64), batch.lengths, None, whole])
+        length = max([p[0].shape[1] for p in self._packed] + [1])
         tokens = np.concatenate([np.zeros((0, length), np.int64)] + [
-            np.pad(t, ((0, 0), (0, length - t.shape[1])), constant_values=-1) for t, _, _ in self._packed])
-        lengths = np.concatenate([np.zeros(0, np.int64)] + [n.astype(np.int64) for _, n, _ in self._packed])
+            np.pad(p[0], ((0, 0), (0, length - p[0].shape[1])), constant_values=-1) for p in self._packed])
+        lengths = np.concatenate([np.zeros(0, np.int64)] + [p[1].astype(np.int64) for p in self._packed])
+        whole = np.concatenate([np.zeros(0, bool)] + [p[3] for p in self._packed])
         width = max([b[1].steps.shape[1] for b in self._blocks] + [1])
         m = self._blocks[0][1].top_lps.shape[2] if self._blocks else 1
         parts = []
-        for packed, (rows, fs) in zip(self._packed, self._blocks):
+        for packed, (_, fs) in zip(self._packed, self._blocks):
             if packed[2] is None or packed[2][0] != width:  # a wider later block re-pads the rest
-                packed[2] = (width, _padded(rows, fs, width, m))
+                packed[2] = (width, _padded(fs, width, m))
             parts.append(packed[2][1])
-        cols = list(zip(*parts)) if parts else [[np.zeros(0, np.int64)], [np.zeros((0, width))],
+        cols = list(zip(*parts)) if parts else [[np.zeros((0, width))],
                                                  [np.zeros((0, width, m), np.float32)],
                                                  [np.zeros((0, width, m), np.int32)],
                                                  [np.zeros((0, width), np.float32)]]
-        known, steps, top_lps, top_ids, eos_lps = (np.concatenate(c) for c in cols)
-        self._cache = ScoredArrays(tokens, lengths, known, steps, top_lps, top_ids, eos_lps, self.rows)
+        steps, top_lps, top_ids, eos_lps = (np.concatenate(c) for c in cols)
+        self._cache = ScoredArrays(tokens, lengths, whole, steps, top_lps, top_ids, eos_lps, self.rows)
         return self._cache
 
 
-def _padded(rows: list, fs: FrontierScores, width: int, m: int):
+def _padded(fs: FrontierScores, width: int, m: int):
     """One block's arrays widened to ``width`` positions (padding: no distribution)."""
-    n, w = fs.steps.shape
-    pad = width - w
-    known = np.array([len(r) for r in rows], np.int64)
+    pad = width - fs.steps.shape[1]
     steps = np.pad(fs.steps, ((0, 0), (0, pad)))
     top_lps = np.pad(fs.top_lps, ((0, 0), (0, pad), (0, 0)), constant_values=-np.inf)
     top_ids = np.pad(fs.top_ids, ((0, 0), (0, pad), (0, 0)))
     eos_lps = np.pad(fs.eos_lps, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return known, steps, top_lps, top_ids, eos_lps
+    return steps, top_lps, top_ids, eos_lps
 
 
 def nan_to_none(value: float) -> float | None:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxrescore.rescore.frontier import REST, Frontier, Structure, clears, frontier
+from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, Structure, clears, frontier
 from jaxrescore.rescore.scored import ScoredSet
 from jaxrescore.sequences import from_tuples
 
@@ -59,6 +59,11 @@ def check_proof(scored: ScoredSet, n: int, start: int, k: int, front: Frontier |
     if start < 0:
         return Proof(False, front.bound, "a negative start asks for ranks that do not exist"), front
     bound = front.bound
+    if not front.moved <= scored.tolerance:
+        return Proof(False, bound, (
+            f"the target's numbers for one prefix moved by {front.moved:.6g} nats between forwards, "
+            f"more than its score tolerance {scored.tolerance:g}: no proof rests on them (raise the "
+            "target's score_tolerance if that noise is expected)")), front
     if bound == -np.inf:
         return Proof(True, bound, f"the {n} scored sequences are the target's whole support"), front
     if worst == -np.inf:
@@ -165,6 +170,8 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
         width = max(1, int(lens[idx].max()))
         lp = np.asarray(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
         lp = np.where(np.isnan(lp), -np.inf, lp)
+        if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
+            lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
         if first and branch > 1:
             order = np.argsort(-lp, axis=1, kind="stable")[:, :branch]
             # forks: each alive row's 2nd..branch-th likeliest finite tokens, as new rows at the end
@@ -201,7 +208,7 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
       budget: the search's limits; ``rounds``: scoring rounds made so far.
     """
     proof, front = check_proof(scored, len(scored), start, k)
-    if proof.proven is not False or start < 0:
+    if proof.proven is not False or start < 0 or not front.moved <= scored.tolerance:
         return proof, None
     if rounds >= budget.max_rounds:
         return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None
@@ -252,4 +259,5 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fe
     if fetch and rest.size:
         scored.fetch_rows([prefix(e) for e in rest])
         return None
-    return [prefix(e) + (int(token[e]),) for e in range(token.size) if token[e] != REST]
+    # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
+    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in range(token.size) if token[e] != REST]

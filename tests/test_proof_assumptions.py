@@ -1,0 +1,114 @@
+"""The proof's assumptions about the target (jaxrescore.rescore.frontier), each checked at query
+time: what the library can see break one must never end in ``proven=True``."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from brute import TableModel, as_model
+from jaxrescore import RescoredIndex, SeekIndex
+from jaxrescore.models.callable import CallableModel
+from jaxrescore.models.frontier import FrontierScores
+from jaxrescore.rescore.frontier import Structure, complete, view_lengths
+
+
+def _table(vocab, seed):
+    rng = np.random.default_rng(seed)
+    rows = {}
+
+    def fn(prefix):
+        if prefix not in rows:
+            x = 2.0 * rng.standard_normal(vocab)
+            rows[prefix] = x - np.log(np.exp(x).sum())
+        return np.arange(vocab), rows[prefix]
+
+    return fn
+
+
+def test_views_cut_at_max_len_vocabulary_and_first_eos():
+    tokens = np.array([[0, 1, 2, 1], [3, 0, 0, -1], [1, 2, 0, -1], [0, 0, 0, 0]])
+    lengths = np.array([4, 3, 3, 4])
+    s = Structure(vocab_size=3, eos=2, max_len=3)
+    cut = view_lengths(tokens, lengths, s)
+    assert cut.tolist() == [3, 0, 2, 3]
+    assert complete(tokens, cut, s).tolist() == [True, False, True, False]
+    fixed = Structure(vocab_size=None, eos=None, max_len=3)
+    cut = view_lengths(tokens, lengths, fixed)
+    assert cut.tolist() == [3, 3, 3, 3] and complete(tokens, cut, fixed).all()
+
+
+def test_noise_a_query_can_see_refuses_the_proof():
+    """A per-prefix target whose tables move by 0.05 nats between calls (far beyond its 1e-6
+    tolerance): the search sees the root's distribution move between rounds and stops unproven,
+    saying why; the same target without the noise is proven."""
+    vocab, max_len = 4, 3
+    base = _table(vocab, 1)
+    rng = np.random.default_rng(2)
+
+    def noisy(prefix):
+        toks, lps = base(prefix)
+        x = lps + 0.05 * rng.standard_normal(vocab)
+        return toks, x - np.log(np.exp(x).sum())
+
+    target = CallableModel(noisy, vocab_size=vocab, max_len=max_len)
+    draft = CallableModel(lambda p: (np.arange(vocab), np.full(vocab, -np.log(vocab))), vocab_size=vocab, max_len=max_len)
+    r = RescoredIndex(SeekIndex(draft), target, rerank_window=0).top_k(3, prove=True)
+    assert r.rounds == 2 and r.proven is False and "moved by" in r.proof_reason
+    quiet = CallableModel(base, vocab_size=vocab, max_len=max_len)
+    assert RescoredIndex(SeekIndex(draft), quiet, rerank_window=0).top_k(3, prove=True).proven is True
+
+
+def test_a_score_that_is_not_the_sum_of_its_steps_is_refused():
+    target = as_model(TableModel(3, 2, 5))
+
+    class Lying:
+        vocab_size, eos, max_len = 3, None, 2
+
+        def score_sequences(self, seqs):
+            return target.score_sequences(seqs)
+
+        def score_frontier(self, seqs, *, top_m):
+            fs = target.score_frontier(seqs, top_m=top_m)
+            return fs._replace(scores=fs.scores + 0.5 * (fs.scores > -np.inf))
+
+    ri = RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Lying(), rerank_window=2)
+    with pytest.raises(ValueError, match="sum of its step log-probs"):
+        ri.top_k(2)
+
+
+def test_a_top_m_token_outside_the_vocabulary_is_refused():
+    target = as_model(TableModel(3, 2, 5))
+
+    class Wide:
+        vocab_size, eos, max_len = 3, None, 2
+
+        def score_sequences(self, seqs):
+            return target.score_sequences(seqs)
+
+        def score_frontier(self, seqs, *, top_m):
+            fs = target.score_frontier(seqs, top_m=top_m)
+            ids = fs.top_ids.copy()
+            ids[:, 0, 0] = 7
+            return FrontierScores(fs.scores, fs.steps, fs.top_lps, ids, fs.eos_lps)
+
+    ri = RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Wide(), rerank_window=2, top_m=2)
+    with pytest.raises(ValueError, match="outside its vocabulary"):
+        ri.top_k(2)
+
+
+@pytest.mark.parametrize("prove", [False, True])
+def test_a_draft_with_a_larger_vocabulary_proves_over_the_target_support(prove):
+    """Draft tokens the target does not have: their sequences are outside its support, never
+    answers, and the proof covers the target's own support."""
+    target_fn, draft_fn = _table(3, 10), _table(5, 11)
+    target = CallableModel(target_fn, vocab_size=3, max_len=3)
+    draft = CallableModel(draft_fn, vocab_size=5, max_len=3)
+    support = list(itertools.product(range(3), repeat=3))
+    truth = sorted(target.score_sequences(support).tolist(), reverse=True)[:4]
+    r = RescoredIndex(SeekIndex(draft), target, rerank_window=3, top_m=2).top_k(4, prove=prove)
+    assert all(max(s) < 3 for s, _ in r.items)
+    if prove:
+        assert r.proven is True
+    if r.proven:
+        assert np.allclose([lp for _, lp in r.items], truth, atol=1e-9)
