@@ -338,12 +338,12 @@ def _state(index):
             index.nbytes, index.truncated, [index.bucket_bound(n) for n in range(len(index) + 1)])
 
 
-def test_a_request_predicted_far_over_max_bytes_is_refused_before_building():
+def test_a_one_pass_request_over_max_bytes_leaves_the_index_as_it_was():
     model = table_model(5, 5, 7)
     index = SeekIndex(model, initial_bits=4.0, max_depth_bits=60.0, progress=False, max_bytes=20_000)
     before = _state(index)
-    with pytest.raises(IndexLimitError, match=r"ensure_count\(n=3,000\).*max_bytes=20,000.*nothing was built"):
-        index.ensure_count(3000)
+    with pytest.raises(IndexLimitError, match=r"ensure_bits\(bits=40\).*max_bytes=20,000.*stopped there"):
+        index.ensure_bits(40)
     assert _state(index) == before
     assert index.unrank(0) == SeekIndex(model, initial_bits=4.0, progress=False).unrank(0)
     index.max_bytes = 10**9  # the limit is a plain attribute: raise it and go on
@@ -352,8 +352,7 @@ def test_a_request_predicted_far_over_max_bytes_is_refused_before_building():
 
 
 @pytest.mark.parametrize("limit", ["max_bytes", "max_nodes"])
-def test_exact_checks_stop_a_pass_before_allocating_and_undo_the_call(monkeypatch, limit):
-    monkeypatch.setattr(seek_mod, "PREFLIGHT_FACTOR", math.inf)  # never refuse on the prediction
+def test_growth_by_count_stops_before_allocating_and_keeps_what_fitted(monkeypatch, limit):
     model = table_model(5, 5, 8)
     value = 40_000 if limit == "max_bytes" else 500
     index = SeekIndex(model, initial_bits=3.0, max_depth_bits=60.0, progress=False, **{limit: value})
@@ -366,11 +365,16 @@ def test_exact_checks_stop_a_pass_before_allocating_and_undo_the_call(monkeypatc
         return ids
 
     monkeypatch.setattr(seek_mod._Nodes, "add", add)
-    before = _state(index)
-    with pytest.raises(IndexLimitError, match=rf"ensure_count\(n=3,000\).*{limit}="):
+    before = len(index)
+    with pytest.raises(IndexLimitError, match=rf"ensure_count\(n=3,000\).*{limit}=.*The index holds"):
         index.ensure_count(3000)
-    assert _state(index) == before  # every pass of the call undone, forwards included
     assert sizes and max(n if limit == "max_nodes" else b for n, b in sizes) <= value
+    # the passes that fitted are kept: a budget-complete index, as a fresh one of that budget
+    assert before < len(index) < 3000
+    fresh = SeekIndex(model, initial_bits=index.built_bits, progress=False)
+    assert _all(index)[0] == _all(fresh)[0]
+    assert [index.bucket_bound(n) for n in range(len(index) + 1)] == [
+        fresh.bucket_bound(n) for n in range(len(index) + 1)]
     assert index.count(-1.0) == SeekIndex(model, initial_bits=20.0, progress=False).count(-1.0)
 
 
@@ -383,22 +387,25 @@ def _flat(vocab, length):
     return CallableModel(DepthFn(vocab, length), vocab_size=vocab, max_len=length, batched=True)
 
 
-@pytest.mark.parametrize("vocab", [4096, 50_257])
-def test_a_flat_wide_draft_fails_fast_with_a_clear_message(vocab):
-    model = _flat(vocab, 3)
-    index = SeekIndex(model, progress=False)  # default max_bytes
-    assert index.max_bytes == seek_mod.default_max_bytes() <= 2 << 30
+def test_a_flat_wide_draft_stops_at_the_limit_with_a_clear_message():
+    # 4,096 tokens of 12 bits each: the 16.7M prefixes of two tokens are over 32 MiB at once
+    model = _flat(4096, 3)
+    index = SeekIndex(model, progress=False, max_bytes=32 << 20)
     before = _state(index)
     for call, args, pattern in [
-        (index.ensure_count, (10,), r"ensure_count\(n=10\): holding 10 sequences is predicted"),
-        (index.ensure_count, (2**40,), r"ensure_count\(n=1,099,511,627,776\)"),
         (index.ensure_bits, (1000,), r"ensure_bits\(bits=1000\)"),
+        (index.count, (-20.0,), r"count\(min_log_prob=-20.0\)"),
     ]:
         with pytest.raises(IndexLimitError, match=pattern) as err:
             call(*args)
         assert "max_bytes" in str(err.value) and "raise max_bytes" in str(err.value)
-        assert _state(index) == before
-    assert index.nbytes < 1 << 20  # only the root row was ever held
+        assert _state(index) == before  # one-pass requests leave the index as it was
+    for n in (10, 2**40):
+        with pytest.raises(IndexLimitError, match=rf"ensure_count\(n={n:,}\).*max_bytes=33,554,432"):
+            index.ensure_count(n)
+        # the root's 4,096 children were built and kept (a pass that fitted); the next is refused
+        assert len(index) == 0 and index._nodes.n == 4097 and index.nbytes <= 32 << 20
+    assert index.truncated and index.bucket_bound(0) <= index.quantizer.edge(index._budget + 1, 3)
 
 
 def test_a_first_build_over_the_limit_stops_before_expanding():
@@ -418,9 +425,10 @@ def test_huge_ranks_and_counts_name_their_argument_without_deepening():
         index.unrank_batch(np.array([2**63 + 5], np.uint64))
     with pytest.raises(IndexError, match=r"threshold rank about 2\*\*16609"):
         index.threshold(10**5000)
-    with pytest.raises(IndexLimitError, match=r"ensure_count\(n=about 2\*\*16609\)"):
-        index.ensure_count(10**5000)
     assert _state(index) == before
+    # growth by count builds what fits (here 1 MiB) and names the request it could not serve
+    with pytest.raises(IndexLimitError, match=r"ensure_count\(n=about 2\*\*16609\).*max_bytes=1,048,576"):
+        SeekIndex(model, progress=False, max_bytes=1 << 20).ensure_count(10**5000)
     # on a small support the same requests mean "all there is"
     small = SeekIndex(table_model(3, 3, 1), progress=False)
     small.ensure_count(2**40)
@@ -445,36 +453,7 @@ def test_load_checks_the_limits_before_reading_the_arrays(tmp_path):
     assert loaded.max_nodes == 10**6 and loaded.max_bytes == 10**8 and _all(loaded)[0] == _all(index)[0]
 
 
-# -- item 7: growth -----------------------------------------------------------------------------------
-
-# ensure_count(n) on these drafts holds at most GROWTH_FACTOR times the sequences of the smallest
-# budget that holds n (that budget's last bucket, "one bucket's worth", is counted in it)
-GROWTH_FACTOR = 4
-
-
-def _needed(sorted_fb, n):
-    """Sequences within the smallest budget holding ``n`` (``sorted_fb``: the whole support's)."""
-    n = min(n, sorted_fb.size)
-    return int(np.searchsorted(sorted_fb, sorted_fb[n - 1], side="right"))
-
-
-@pytest.mark.parametrize(
-    "kind", ["flat", "peaked", "softmax", "eos-softmax"],
-)
-def test_growth_holds_a_small_factor_more_than_needed(kind):
-    eos = 0 if kind.startswith("eos") else None
-    scale = {"flat": 0.05, "peaked": 4.0}.get(kind, 1.5)
-    model = table_model(6, 6, 4, eos=eos, scale=scale, depth_only=kind == "flat")
-    ref = SeekIndex(model, initial_bits=80.0, max_depth_bits=80.0, progress=False)
-    sorted_fb = ref._seq_fb
-    for n in (1, 7, 60, 500, 3000, 20_000):
-        index = SeekIndex(model, initial_bits=1.0, max_depth_bits=80.0, progress=False)
-        builds = index.builds
-        index.ensure_count(n)
-        assert len(index) >= min(n, len(ref))
-        assert len(index) <= GROWTH_FACTOR * _needed(sorted_fb, n), (n, len(index), _needed(sorted_fb, n))
-        # a few passes, not a crawl (from 1 bit the first ones creep: see seek.THIN_ROWS)
-        assert index.builds - builds <= 12
+# -- item 7: growth (by measurement: tests/test_seek_growth.py) ---------------------------------------
 
 
 def _flat_counts(model, quantizer, budget):
@@ -491,48 +470,17 @@ def _flat_counts(model, quantizer, budget):
 
 
 def test_issue_flat_draft_grows_to_what_is_needed_not_to_millions():
-    # the issue's case: a flat draft, 1,010 sequences asked of a fresh index; the old policy went
-    # 8 -> 16 -> 25.75 bits (12M sequences) where about 18 bits sufficed
+    # a flat draft, 1,010 sequences asked of a fresh index; an old policy went 8 -> 16 -> 25.75
+    # bits (12M sequences) where about 18 bits sufficed
     model = _flat(27, 5)
     index = SeekIndex(model, progress=False)
     q = index.quantizer
     within = _flat_counts(model, q, q.budget(40.0))
     index.ensure_count(1010)
-    need_budget = int(np.flatnonzero(within >= 1010)[0])
+    whole_bit = min(b for b in (q.budget(x) for x in range(8, 41)) if within[b] >= 1010)
     assert len(index) == within[index._budget]  # the index is exactly that budget's support
-    assert 1010 <= len(index) <= GROWTH_FACTOR * within[need_budget]
-    assert index.built_bits <= need_budget / q.scale + 1.0
-    assert index.builds <= 4
-
-
-def test_growing_one_rank_at_a_time_takes_logarithmically_many_passes():
-    model = table_model(5, 6, 6)
-    index = SeekIndex(model, initial_bits=1.0, max_depth_bits=80.0, progress=False)
-    start = index.builds
-    for n in range(1, 3000, 7):
-        index.ensure_count(n)
-        assert len(index) >= n
-    assert index.builds - start <= 2 * math.ceil(math.log(3000, seek_mod.GROWTH_FLOOR))
-    assert len(index) <= seek_mod.GROWTH_FLOOR * 3000 * GROWTH_FACTOR
-
-
-@pytest.mark.parametrize("kind", ["peaked", "eos-softmax"])
-def test_a_short_first_prediction_decides_as_the_full_span_would(monkeypatch, kind):
-    """Growth predictions are causal, so reading FIRST_SPAN_BITS first (the far cells of kept rows
-    unread) picks the same budgets as reading PREDICT_SPAN buckets every time."""
-    eos = 0 if kind.startswith("eos") else None
-    model = table_model(6, 6, 4, eos=eos, scale=4.0 if kind == "peaked" else 1.5)
-
-    def grown(first_bits):
-        monkeypatch.setattr(seek_mod, "FIRST_SPAN_BITS", first_bits)
-        index = SeekIndex(model, initial_bits=1.0, max_depth_bits=80.0, progress=False)
-        budgets = []
-        for n in (3, 40, 300, 2500, 20_000):
-            index.ensure_count(n)
-            budgets.append(index._budget)
-        return budgets, index.forwards
-
-    assert grown(2.0) == grown(seek_mod.FIRST_SPAN_BITS) == grown(1e9)
+    assert 1010 <= len(index) <= within[whole_bit]
+    assert index._budget <= whole_bit
 
 
 # -- item 8: saving huge dropped counts; format versions ----------------------------------------------

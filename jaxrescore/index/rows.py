@@ -31,13 +31,22 @@ class RowChunk:
       tok: int32[E] token of each kept cell (sparse), else None.
       val: float32[E] its log-prob (sparse), else None.
       rest: float32[b] bound on every finite cell left out (sparse; ``-inf``: none), else None.
+      nxt: int64[b], each row's smallest child bucket beyond the budget built (``NO_BUCKET``: none),
+        or None while unknown (a loaded or re-run row). The owning index keeps it, so that a
+        deepening reads only the rows with a child between the two budgets; a chunk is never
+        changed in place once stored (:meth:`with_next` gives the updated one).
     """
 
-    __slots__ = ("ids", "dense", "ptr", "tok", "val", "rest")
+    __slots__ = ("ids", "dense", "ptr", "tok", "val", "rest", "nxt")
 
-    def __init__(self, ids, dense=None, ptr=None, tok=None, val=None, rest=None):
+    def __init__(self, ids, dense=None, ptr=None, tok=None, val=None, rest=None, nxt=None):
         self.ids = ids
         self.dense, self.ptr, self.tok, self.val, self.rest = dense, ptr, tok, val, rest
+        self.nxt = nxt
+
+    def with_next(self, nxt: np.ndarray | None) -> "RowChunk":
+        """The same rows with ``nxt`` replaced (the arrays are shared, not copied)."""
+        return RowChunk(self.ids, self.dense, self.ptr, self.tok, self.val, self.rest, nxt)
 
     @property
     def sparse(self) -> bool:
@@ -65,21 +74,24 @@ class RowChunk:
 
     def part(self, s: int, e: int) -> "RowChunk":
         """Rows ``s:e``."""
+        nxt = None if self.nxt is None else self.nxt[s:e]
         if not self.sparse:
-            return RowChunk(self.ids[s:e], dense=self.dense[s:e])
+            return RowChunk(self.ids[s:e], dense=self.dense[s:e], nxt=nxt)
         lo, hi = int(self.ptr[s]), int(self.ptr[e])
         return RowChunk(self.ids[s:e], ptr=self.ptr[s : e + 1] - lo, tok=self.tok[lo:hi], val=self.val[lo:hi],
-                        rest=self.rest[s:e])
+                        rest=self.rest[s:e], nxt=nxt)
 
     def select(self, keep: np.ndarray) -> "RowChunk":
         """The rows where ``keep: bool[b]``."""
+        nxt = None if self.nxt is None else self.nxt[keep]
         if not self.sparse:
-            return RowChunk(self.ids[keep], dense=self.dense[keep])
+            return RowChunk(self.ids[keep], dense=self.dense[keep], nxt=nxt)
         counts = np.diff(self.ptr)
         cells = np.repeat(keep, counts)
         ptr = np.zeros(int(keep.sum()) + 1, np.int64)
         np.cumsum(counts[keep], out=ptr[1:])
-        return RowChunk(self.ids[keep], ptr=ptr, tok=self.tok[cells], val=self.val[cells], rest=self.rest[keep])
+        return RowChunk(self.ids[keep], ptr=ptr, tok=self.tok[cells], val=self.val[cells], rest=self.rest[keep],
+                        nxt=nxt)
 
     def cells(self, thr: np.ndarray):
         """``(rows, tokens, log-probs)`` of every kept cell with log-prob ``>= thr[row]``, row-major,
@@ -132,16 +144,19 @@ class RowChunk:
 
     @staticmethod
     def concat(chunks: list) -> "RowChunk":
-        """One chunk of several of the same kind (dense rows padded to the widest with ``-inf``)."""
+        """One chunk of several of the same kind (dense rows padded to the widest with ``-inf``);
+        ``nxt`` is kept when every chunk knows it."""
         ids = np.concatenate([c.ids for c in chunks])
+        nxt = None if any(c.nxt is None for c in chunks) else np.concatenate([c.nxt for c in chunks])
         if not chunks[0].sparse:
             width = max(c.dense.shape[1] for c in chunks)
-            return RowChunk(ids, dense=np.concatenate([_pad_width(c.dense, width) for c in chunks]))
+            return RowChunk(ids, dense=np.concatenate([_pad_width(c.dense, width) for c in chunks]), nxt=nxt)
         counts = np.concatenate([np.diff(c.ptr) for c in chunks])
         ptr = np.zeros(ids.size + 1, np.int64)
         np.cumsum(counts, out=ptr[1:])
         return RowChunk(ids, ptr=ptr, tok=np.concatenate([c.tok for c in chunks]),
-                        val=np.concatenate([c.val for c in chunks]), rest=np.concatenate([c.rest for c in chunks]))
+                        val=np.concatenate([c.val for c in chunks]), rest=np.concatenate([c.rest for c in chunks]),
+                        nxt=nxt)
 
 
 def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:

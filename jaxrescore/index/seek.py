@@ -12,24 +12,24 @@ level: all live prefixes of one depth go to ``model.next_logprobs`` in chunks of
 (shapes padded to powers of two), the children whose cumulative bucket stays within the budget form
 the next depth. The next-token rows of expanded prefixes are kept, so deepening to a larger budget
 reads the newly admitted children off them and pays forwards only for prefixes it has never seen.
-After each build one vectorised pass per depth sorts siblings, counts the sequences below every
-prefix (the count DP, bottom-up) and gives each sequence its depth-first position (top-down); the
-sequences are then sorted by (bucket, position). Counts are int64: every counted sequence is one
-node the index holds within ``max_bytes``, so no count can come near 2**63.
+Each kept row also remembers its smallest child bucket beyond the budget built (the unexpanded
+frontier, :attr:`RowChunk.nxt`): a deepening from budget ``b`` to ``b'`` reads only the rows with
+a child in ``(b, b']``, so its cost follows the nodes it admits, not the rows kept. After each
+build one vectorised pass per depth sorts siblings, counts the sequences below every prefix (the
+count DP, bottom-up) and gives each sequence its depth-first position (top-down); the sequences are
+then sorted by (bucket, position). Counts are int64: every counted sequence is one node the index
+holds within ``max_bytes``, so no count can come near 2**63.
 
-Growth. :meth:`SeekIndex.ensure_count` picks the next budget from a prediction: per-depth histograms
-of step buckets (sampled from the kept next-token rows) give, by a small DP, the expected number of
-sequences, nodes and expanded rows below a prefix within any remaining budget; applied to the
-children already seen beyond the budget, that predicts the index's size at every budget ahead. The
-pass goes to the smallest budget predicted to hold ``n`` sequences (never past what is predicted to
-fit ``max_bytes``/``max_nodes``), or ``GROWTH_FLOOR`` (1.5) times the size at the call if that is more,
-so that asking for one more rank at a time costs a logarithmic number of passes. While fewer than
-``THIN_ROWS`` rows are kept the histograms miss the few likely paths at the head, so a pass then
-grows at most one bit. The index thus ends within a small factor of what ``n`` needs: on a model
-whose tables do not depend on the prefix (a flat draft) the prediction is exact and the index holds
-the sequences of the smallest sufficient budget (at most one bucket's worth more than ``n``); on
-flat, peaked and random drafts tests/test_seek_reliability.py checks at most 4x the sequences of
-the smallest budget that holds ``n`` (measured: at most 2x).
+Growth. :meth:`SeekIndex.ensure_count` grows by measurement, never by a guess: it deepens pass by
+pass, each pass to the next whole bit beyond the budget built (``GROWTH_STEP_BITS``; straight to the
+first bucket holding a child when that is further), and stops as soon as the index HOLDS ``n``
+sequences. Each pass admits, best-first in the index's order, exactly the prefixes between the two
+budgets. So the index ends at a budget no larger than the smallest whole-bit budget (counted from
+the one built at the call) whose sequences number ``n`` or more: it holds no more sequences, and
+expands no prefix, that a one-bit-at-a-time growth would not; the overshoot is at most the last
+bit's worth.
+Nothing is predicted, so nothing is refused on a prediction: the limits stop a pass only on what it
+is about to allocate.
 
 Rows. A wide vocabulary (``row_storage="auto"``: V > ``DENSE_ROW_VOCAB``; or ``"sparse"``) keeps
 each expanded prefix's row sparse (:mod:`jaxrescore.index.rows`): the cells whose child could enter
@@ -44,13 +44,17 @@ the root's).
 
 Limits. ``max_bytes`` (default :func:`default_max_bytes`) and ``max_nodes`` cap the index's size,
 counted as ``NODE_BYTES`` per prefix-tree node plus ``4 * V`` bytes per kept whole row (a sparse
-row: 8 bytes per kept cell and 12 more; rows yet to come are charged the average so far). Every
-admission of children is checked against them before anything is allocated (the children admitted,
-and the rows their expansion will need); a request whose prediction is more than
-``PREFLIGHT_FACTOR`` times over is refused before building at all. Either way
-:class:`IndexLimitError` (a ValueError) names the request, the limit and the size, and the index is
-left exactly as it was before the call. Transient memory during a build can reach about twice
-``max_bytes`` (sorting, merging row chunks), so set it to about half of what may be used.
+row: 8 bytes per kept cell and 12 more; rows yet to come are charged the average so far). They are
+enforced on what is actually built: every admission of children, and every sparse row run again,
+is checked against them before it is allocated (the children admitted, and the rows their
+expansion will need). A pass that would pass a limit is undone whole, so the index stays
+consistent: a budget-complete prefix tree. Growth by count (``ensure_count``, ``slice``,
+``threshold``) then retries with smaller steps down to one bucket, KEEPS every pass that fitted and
+raises :class:`IndexLimitError` (a ValueError) naming the request, the limit, the size and what the
+index now holds; the index keeps answering from it. A one-pass request (``ensure_bits``, ``count``,
+``count_bracket``, ``rank_bracket``, the constructor) leaves the index as it was. Transient memory
+during a build can reach about twice ``max_bytes`` (sorting, merging row chunks), so set it to
+about half of what may be used.
 
 Soundness. :meth:`SeekIndex.bucket_bound` bounds the draft log-prob of every sequence ranked ``>= n``
 or never indexed. A prefix's bucket lower-bounds the bucket of all its completions, so the index
@@ -89,31 +93,17 @@ from jaxrescore.typing import ArrayLike, PathLike, Tokens
 # Seconds a build must run before its progress bar appears (progress=None).
 PROGRESS_DELAY_S = 1.0
 # Bytes charged per prefix-tree node: 37 of node columns (parent, token, depth, fb, lp, step,
-# terminal) and 24 of the sorted sequence arrays (id, bucket, log-prob), rounded up.
-NODE_BYTES = 64
+# terminal), 24 of the sorted sequence arrays (id, bucket, log-prob) and 8 of an expanded node's
+# next bucket beyond the budget (RowChunk.nxt), rounded up.
+NODE_BYTES = 72
 # Cells of kept next-token rows examined at once: bounds the temporaries of a scan (~40 B a cell).
 CELL_BLOCK = 1 << 20
 # Cells (prefixes x V) of whole rows one model call may return: bounds a call at a wide vocabulary.
 ROW_CELLS = 1 << 24
-# A deepening predicted to need more than this many times max_bytes/max_nodes is refused before
-# building; one predicted within it is attempted, and the exact checks stop it if it does not fit
-# (the prediction is an estimate, so a near miss is not refused on its word alone).
-PREFLIGHT_FACTOR = 2.0
-# A pass that is needed at all grows the index to at least this many times its size (when that is
-# predicted to fit the limits): a consumer asking for one more rank at a time then pays a
-# logarithmic number of passes, for at most this factor of overshoot.
-GROWTH_FLOOR = 1.5
-# Below this many kept rows the histograms rest on a row or two and badly miss the head of the
-# distribution (a few likely paths): ensure_count then grows at most one bit a pass.
-THIN_ROWS = 32
-# Buckets beyond the built budget that one growth prediction covers (the DP is O(span**2)).
-PREDICT_SPAN = 2048
-# ... of which the first prediction reads this many bits (the full span only when they fall short).
-FIRST_SPAN_BITS = 16
-# Next-token cells sampled (over all depths) for the step histograms of the growth prediction.
-SAMPLE_CELLS = 1 << 20
-# Predicted counts saturate here: far above any limit, far below float64 overflow.
-_PRED_CAP = 1e30
+# Growth by count deepens to the next multiple of this many bits per pass: the index then ends at
+# most one step's worth of sequences past what was asked. Passes cost what they admit (the kept
+# rows remember their frontier), so small steps are cheap; a whole bit is the reference grid.
+GROWTH_STEP_BITS = 1.0
 # Ranks at or beyond this never fit any index (int64 positions).
 _MAX_RANK = 1 << 62
 # row_storage="auto" keeps whole rows up to this vocabulary, sparse rows beyond (see rows.py).
@@ -124,6 +114,8 @@ DENSE_ROW_VOCAB = 1024
 # draft's index passed 3.3 GB of RSS before 100,000 sequences), for deepenings of a few bits.
 KEEP_MARGIN_BITS = 8.0
 ROW_STORAGE = ("auto", "dense", "sparse")
+# The least bytes of a kept sparse row: its CSR offset (8) and its bound on the cells left out (4).
+SPARSE_ROW_BYTES = 12
 
 
 def default_max_bytes() -> int:
@@ -468,13 +460,11 @@ class SeekIndex:
         return dense * self._dense_row_bytes() + sum(c.nbytes for c in self._chunks if c.sparse)
 
     def _row_bytes(self) -> int:
-        """Bytes charged for one row still to come: a whole row, or (sparse rows) the average
-        kept so far (at least one cell's worth)."""
-        if not self._sparse_rows():
-            return self._dense_row_bytes()
-        sparse = [c for c in self._chunks if c.sparse]
-        n = sum(c.size for c in sparse)
-        return max(20, sum(c.nbytes for c in sparse) // n) if n else 20
+        """Bytes charged for one row still to come, before it is computed: a whole row, or (sparse
+        rows) the least a sparse row takes (its offset and bound, ``SPARSE_ROW_BYTES``): what is
+        certain, not a guess. The cells it keeps are counted once it is stored (each model call's
+        rows are checked as they come)."""
+        return self._dense_row_bytes() if not self._sparse_rows() else SPARSE_ROW_BYTES
 
     def _sparse_rows(self) -> bool:
         if self.row_storage == "auto":
@@ -498,27 +488,22 @@ class SeekIndex:
     @_locked
     def ensure_count(self, n: int) -> "SeekIndex":
         """Deepen until ``len(self) >= n``, the support is exhausted or ``max_depth_bits`` is
-        reached. Each pass goes to the budget the step histograms predict to hold ``n`` sequences
-        (see "Growth" in the module docstring). IndexLimitError if ``n`` sequences cannot be held
-        within ``max_nodes``/``max_bytes``; the index is then left as it was before the call."""
+        reached, one whole bit a pass (see "Growth" in the module docstring): the index ends at
+        the smallest such budget that holds ``n``. IndexLimitError if a pass would pass
+        ``max_nodes``/``max_bytes`` even one bucket deep; the passes that fitted are kept and the
+        index keeps answering from them."""
         n = _int_arg(n, "n", minimum=0)
-        with self._atomic():
+        with self._atomic(keep_limited=True):
             self._deepen_for_count(n, f"ensure_count(n={_show(n)})")
         return self
 
     def _deepen_to(self, budget: int, request: str) -> None:
-        """Build to ``budget`` (no-op if built), refusing at once what is predicted far too big."""
+        """Build to ``budget`` in one pass (no-op if built)."""
         if budget <= self._budget:
             return
         if self._budget >= 0 and self._frontier_min > budget:
             self._budget = budget  # nothing new fits: no pass needed
             return
-        if self._budget >= 0:
-            span = min(budget - self._budget, PREDICT_SPAN)
-            pred = self._predict(span)
-            if pred is not None:
-                what = f"building every sequence within {budget / self.quantizer.scale:g} bits"
-                self._refuse_if_far(pred, span - 1, request, what)
         self._grow(budget, request)
 
     def _can_deepen(self, n: int) -> bool:
@@ -527,9 +512,17 @@ class SeekIndex:
     def _deepen_for_count(self, n: int, request: str) -> None:
         """Deepen pass by pass until ``n`` sequences are held (or nothing more can be)."""
         n = min(n, _MAX_RANK)  # no index holds more: larger requests mean "as many as there are"
-        roomy = max(n, math.ceil(GROWTH_FLOOR * len(self)))  # from the size at the call, once
         while self._can_deepen(n):
-            self._grow_fitting(self._next_budget(n, roomy, request), request)
+            self._grow_fitting(self._next_step(), request)
+
+    def _next_step(self) -> int:
+        """The budget of the next pass of growth by count: the next multiple of
+        ``GROWTH_STEP_BITS`` beyond the budget built, or the first bucket holding a child when
+        that is further (no empty passes), within ``max_depth_bits``."""
+        q = self.quantizer
+        step = max(GROWTH_STEP_BITS, 1.0 / q.scale)
+        bits = (math.floor(self._budget / q.scale / step + 1e-9) + 1) * step
+        return min(max(q.budget(bits), self._budget + 1, self._frontier_min), self._max_budget)
 
     def _grow_fitting(self, target: int, request: str) -> None:
         """One pass to ``target``; if it would pass a limit, retry halfway back (never below the
@@ -546,56 +539,6 @@ class SeekIndex:
                 if smaller >= target:
                     raise
                 target = smaller
-
-    def _next_budget(self, n: int, roomy: int, request: str) -> int:
-        """The budget of the next pass towards ``n`` sequences: the smallest one predicted to hold
-        ``roomy >= n`` of them (``GROWTH_FLOOR`` times the size before the call: growing one rank
-        at a time then costs a logarithmic number of passes), falling back to ``n`` alone, and then
-        to the furthest budget predicted to fit the limits, when that would not fit."""
-        b, max_budget = self._budget, self._max_budget
-        full = min(max_budget - b, PREDICT_SPAN)
-        # Predictions are causal (the one at u reads only buckets up to b + 1 + u), so a short span
-        # gives the same ones there at a fraction of the cost (the far cells of every kept row
-        # stay unread): it decides when it already reaches ``roomy`` within the limits.
-        for span in sorted({min(full, math.ceil(FIRST_SPAN_BITS * self.quantizer.scale)), full}):
-            pred = self._predict(span)
-            if pred is None:  # nothing kept to predict from: grow geometrically
-                return min(max(b + max(b, self.quantizer.oversample), self._frontier_min), max_budget)
-            seqs, nodes, nbytes = pred
-            fits = nbytes <= self.max_bytes
-            if self.max_nodes is not None:
-                fits &= nodes <= self.max_nodes
-            spare = np.flatnonzero(seqs >= roomy)
-            if spare.size and fits[spare[0]]:
-                break
-        reach = np.flatnonzero(seqs >= n)
-        u = int(reach[0]) if reach.size else span - 1
-        if spare.size and fits[spare[0]]:
-            u = max(u, int(spare[0]))
-        elif not fits[u]:
-            if reach.size or b + span == max_budget:  # what n needs (or all there is) is too big
-                what = (f"holding {_show(n)} sequences" if reach.size
-                        else f"holding the {seqs[u]:.3g} sequences within max_depth_bits={self.max_depth_bits:g}")
-                self._refuse_if_far(pred, u, request, what)
-            ok = np.flatnonzero(fits[:u])
-            u = int(ok[-1]) if ok.size else u  # else: one step, the exact checks decide
-        if self._n_rows < THIN_ROWS:  # histograms of a row or two: creep, at most a bit a pass
-            u = min(u, max(math.ceil(self.quantizer.scale), 1) - 1)
-        return min(max(b + 1 + u, self._frontier_min), max_budget)
-
-    def _refuse_if_far(self, pred, u: int, request: str, what: str) -> None:
-        seqs, nodes, nbytes = pred
-        over_bytes = nbytes[u] > PREFLIGHT_FACTOR * self.max_bytes
-        over_nodes = self.max_nodes is not None and nodes[u] > PREFLIGHT_FACTOR * self.max_nodes
-        if not (over_bytes or over_nodes):
-            return
-        limit = f"max_bytes={self.max_bytes:,}" if over_bytes else f"max_nodes={self.max_nodes:,}"
-        bits = (self._budget + 1 + u) / self.quantizer.scale
-        raise IndexLimitError(
-            f"{request}: {what} is predicted (from the step histograms of the {self._n_rows:,} next-token "
-            f"rows kept) to need a budget of {bits:g} bits, about {nodes[u]:.3g} prefix-tree nodes "
-            f"and {_mib(nbytes[u])}, more than {PREFLIGHT_FACTOR:g}x {limit}; nothing was built."
-        )
 
     def _advice(self) -> str:
         return (
@@ -617,23 +560,28 @@ class SeekIndex:
             limit = f"max_bytes={self.max_bytes:,} ({_mib(self.max_bytes)})"
         else:
             return
+        kind = "whole" if not self._sparse_rows() else "sparse"
         raise IndexLimitError(
             f"{self._request}: deepening to {self._pass_budget / self.quantizer.scale:g} bits needs at least "
-            f"{nodes:,} prefix-tree nodes and {rows:,} next-token rows of {self._row_bytes() // 4:,} log-probs, "
-            f"{_mib(nbytes)}, over {limit}; the pass was stopped before allocating them."
+            f"{nodes:,} prefix-tree nodes and {rows:,} {kind} next-token rows, {_mib(nbytes)}, over {limit}; "
+            "the pass was stopped there (before allocating more) and undone."
         )
 
     # -- snapshots (a failed call leaves the index as it was) ----------------------------------------
 
     @contextlib.contextmanager
-    def _atomic(self):
-        """Undo every pass of a public call that fails, and end a limit error with what is left."""
+    def _atomic(self, keep_limited: bool = False):
+        """Undo every pass of a public call that fails, and end a limit error with what is left.
+        ``keep_limited``: on IndexLimitError keep the passes that fitted (each pass is undone
+        whole on its own, so the index stays consistent)."""
         saved = self._snapshot()
         try:
             yield
         except BaseException as err:
-            self._restore(saved)
-            if isinstance(err, IndexLimitError) and not getattr(err, "advised", False):
+            limited = isinstance(err, IndexLimitError)
+            if not (keep_limited and limited):
+                self._restore(saved)
+            if limited and not getattr(err, "advised", False):
                 err.args = (f"{err.args[0]} {self._advice()}",) + err.args[1:]
                 err.advised = True
             raise
@@ -661,7 +609,7 @@ class SeekIndex:
         self._request, self._pass_budget = request, budget
         try:
             self._grow_pass(budget)
-            self._consolidate_rows()
+            self._compact_rows()
             self._rank()
         except BaseException:
             self._restore(saved)
@@ -677,9 +625,23 @@ class SeekIndex:
             pending[0].append(np.zeros(1, np.int64))
             self._pending = 1
         self._refresh(budget)
-        frontier = NO_BUCKET
-        for chunk in list(self._chunks):
-            frontier = min(frontier, self._admit(chunk, old, budget, pending))
+        # the kept rows: only those with a child in (old, budget] are read (their ``nxt`` says so)
+        frontier, kept = NO_BUCKET, []
+        for chunk in self._chunks:
+            nxt = chunk.nxt
+            if nxt is not None:
+                hit = nxt <= budget
+                if not hit.any():
+                    kept.append(chunk)
+                    frontier = min(frontier, int(nxt.min(initial=NO_BUCKET)))
+                    continue
+                nxt = nxt.copy()  # a stored chunk is never changed in place (snapshots share it)
+                nxt[hit] = self._admit(chunk.select(hit) if not hit.all() else chunk, old, budget, pending)
+            else:
+                nxt = self._admit(chunk, old, budget, pending)
+            kept.append(chunk.with_next(nxt))
+            frontier = min(frontier, int(nxt.min(initial=NO_BUCKET)))
+        self._chunks = kept
         with tqdm(
             unit="rows",
             desc="SeekIndex build",
@@ -697,7 +659,9 @@ class SeekIndex:
                     ids = todo[lo : lo + per]
                     chunk = self._expand(ids, depth, budget)
                     self._pending -= ids.size
-                    frontier = min(frontier, self._admit(chunk, -1, budget, pending))
+                    self._check_room(0, 0)  # the cells the rows kept, now that they are known
+                    chunk.nxt = self._admit(chunk, -1, budget, pending)  # a fresh chunk: set, not changed
+                    frontier = min(frontier, int(chunk.nxt.min(initial=NO_BUCKET)))
                     bar.update(ids.size)
                     bar.set_postfix(depth=depth, bits=f"{budget / self.quantizer.scale:g}", refresh=False)
         self._frontier_min = frontier
@@ -790,6 +754,7 @@ class SeekIndex:
                 else:
                     rows = _agree(part, self._forward(part.ids, d))
                     self._keep(part.ids, self._cut(part.ids, d, rows, count=False), budget)
+                self._check_room(0, 0)  # rows run again may keep more cells: checked as they come
 
     def _step_buckets(self, rows: np.ndarray) -> np.ndarray:
         """Per-step buckets int64[...] of model log-probs ``rows`` (float32), clipped to <= 0."""
@@ -804,35 +769,41 @@ class SeekIndex:
         thr = -(hi - parent_fb + 2.0) / self.quantizer.scale * LN2
         return np.nextafter((thr - 1e-6 * (1.0 + np.abs(thr))).astype(np.float32), np.float32(-np.inf))
 
-    def _admit(self, chunk: RowChunk, lo: int, hi: int, pending) -> int:
+    def _admit(self, chunk: RowChunk, lo: int, hi: int, pending) -> np.ndarray:
         """Append the children of the chunk's nodes whose bucket lies in ``(lo, hi]``, in row-major
-        order (by parent, then token); queue the live ones in ``pending`` by depth. Returns the
-        smallest bucket of a finite child beyond ``hi`` (a sparse row's left-out cells included,
-        through its bound).
+        order (by parent, then token); queue the live ones in ``pending`` by depth. Returns each
+        row's smallest bucket of a finite child beyond ``hi``, int64[b] (``NO_BUCKET``: none; a
+        sparse row's left-out cells included, through its bound).
 
         Rows go in blocks of about ``CELL_BLOCK`` cells, so the temporaries stay small; each block's
         children are checked against the limits before they are added."""
-        frontier = NO_BUCKET
+        nxt = np.empty(chunk.size, np.int64)
         per = max(1, CELL_BLOCK // max(chunk.width if not chunk.sparse else 1, 1))
         for s in range(0, chunk.size, per):
-            frontier = min(frontier, self._admit_block(chunk.part(s, min(s + per, chunk.size)), lo, hi, pending))
-        return frontier
+            e = min(s + per, chunk.size)
+            nxt[s:e] = self._admit_block(chunk.part(s, e), lo, hi, pending)
+        return nxt
 
-    def _admit_block(self, chunk: RowChunk, lo: int, hi: int, pending) -> int:
-        """:meth:`_admit` for one block. Only cells that can fit are bucketed exactly; when no
-        candidate lands in bucket ``hi + 1``, the best cell left out gives the frontier."""
+    def _admit_block(self, chunk: RowChunk, lo: int, hi: int, pending) -> np.ndarray:
+        """:meth:`_admit` for one block. Only cells that can fit are bucketed exactly; a row with
+        no candidate in bucket ``hi + 1`` gets its frontier from its best cell left out."""
         nd = self._nodes
         ids = chunk.ids
         parent_fb = nd.fb[ids]
         r, tok, raw, below = chunk.cells(self._threshold(parent_fb, hi))
         fb = parent_fb[r] + self._step_buckets(raw)
         over = fb > hi
-        frontier = int(fb[over].min()) if over.any() else NO_BUCKET
-        if frontier > hi + 1:  # the first bucket beyond is empty here: look at the rest
+        frontier = np.full(chunk.size, NO_BUCKET, np.int64)
+        if over.any():  # cells come row-major: a per-row minimum by segments
+            ro, fo = r[over], fb[over]
+            starts = np.flatnonzero(np.r_[True, ro[1:] != ro[:-1]])
+            frontier[ro[starts]] = np.minimum.reduceat(fo, starts)
+        rest = frontier > hi + 1
+        if rest.any():  # the first bucket beyond is empty in these rows: look at the cells left out
             best_out = below()
-            out = np.isfinite(best_out)
+            out = rest & np.isfinite(best_out)
             if out.any():
-                frontier = min(frontier, int((parent_fb[out] + self._step_buckets(best_out[out])).min()))
+                frontier[out] = np.minimum(frontier[out], parent_fb[out] + self._step_buckets(best_out[out]))
         keep = ~over & (fb > lo)
         if not keep.any():
             return frontier
@@ -1002,116 +973,21 @@ class SeekIndex:
                 merged.append(same[0])
         self._chunks = merged
 
-    # -- growth prediction ---------------------------------------------------------------------------
-
-    def _predict(self, span: int):
-        """Predicted ``(sequences, nodes, bytes)``, float64[span] each: the index's totals if it were
-        built to budget ``self._budget + 1 + u`` for ``u`` in ``[0, span)``; None without kept rows.
-
-        Mean field: a prefix at depth ``d`` not yet expanded is assumed to have the average
-        children (by step bucket) of the kept rows at depth ``d`` (the deepest depth seen for
-        deeper ones); a DP over the depths turns that into expected descendants within any
-        remaining budget, applied to every child already seen beyond the budget."""
-        if span <= 0 or not self._chunks:
-            return None
-        self._consolidate_rows()
-        nd, length, base = self._nodes, self.max_len, self._budget
-        width = max(int(self.model.vocab_size), self._width, 1)
-        sampled = _small_values(np.concatenate([nd.depth[c.ids] for c in self._chunks]))
-        per_depth = max(8, SAMPLE_CELLS // max(width * len(sampled), 1))
-        h_all = {d: np.zeros(span) for d in sampled}
-        h_eos = {d: np.zeros(span) for d in sampled}
-        n_rows = dict.fromkeys(sampled, 0)
-        for chunk in self._chunks:
-            depth = nd.depth[chunk.ids]
-            for d in _small_values(depth):
-                where = np.flatnonzero(depth == d)
-                spread = np.linspace(0, where.size - 1, min(where.size, per_depth)).astype(np.int64)
-                take = where[spread[np.concatenate([[True], spread[1:] != spread[:-1]])]]  # ascending: dedupe
-                pick = np.zeros(chunk.size, bool)
-                pick[take] = True
-                _, tok, raw = chunk.select(pick).all_cells()
-                sb = self._step_buckets(raw)
-                inside = sb < span
-                h_all[d] += np.bincount(sb[inside], minlength=span)
-                if self.eos is not None:
-                    hit = inside & (tok == self.eos)
-                    h_eos[d] += np.bincount(sb[hit], minlength=span)
-                n_rows[d] += take.size
-        for d in sampled:
-            h_all[d] /= n_rows[d]
-            h_eos[d] /= n_rows[d]
-
-        # children already seen beyond the budget, by (child depth, terminal), over u = fb - base - 1
-        seen_t: dict[int, np.ndarray] = {}
-        seen_l: dict[int, np.ndarray] = {}
-        hi = base + span
-        for chunk in self._chunks:
-            per = max(1, CELL_BLOCK // max(chunk.width if not chunk.sparse else 1, 1))
-            for s in range(0, chunk.size, per):
-                part = chunk.part(s, min(s + per, chunk.size))
-                bid = part.ids
-                pfb = nd.fb[bid]
-                r, tok, raw, _ = part.cells(self._threshold(pfb, hi))
-                fb = pfb[r] + self._step_buckets(raw)
-                inside = (fb > base) & (fb <= hi)
-                if not inside.any():
-                    continue
-                r, tok, u = r[inside], tok[inside], fb[inside] - base - 1
-                child = nd.depth[bid[r]] + 1
-                term = child == length if self.eos is None else tok == self.eos
-                for c in _small_values(child):
-                    at = child == c
-                    for flag, into in ((True, seen_t), (False, seen_l)):
-                        m = at & (term == flag)
-                        if m.any():
-                            into[c] = into.get(c, 0) + np.bincount(u[m], minlength=span).astype(np.float64)
-
-        # DP over depths: descendants (sequences, nodes, expanded rows) of a live node at depth d
-        need = set(seen_l)
-        per_depth_dp: dict[int, tuple] = {}
-        zero = np.zeros(span)
-        e, nn, xx = zero, zero, zero
-        deepest = sampled[-1]
-        settled, interior_steps = False, 0
-        for d in range(length - 1, -1, -1):
-            src = max(x for x in sampled if x <= d)
-            h, he = h_all[src], h_eos[src]
-            if self.eos is None:
-                term = h if d + 1 == length else zero
-                live = h - term
-            else:
-                term = he
-                live = h - he if d + 1 < length else zero
-            # depths d and d + 1 share one histogram: once a step changes nothing (or after many
-            # steps, for very long models) the arrays are those of every shallower such depth
-            interior = deepest <= d <= length - 3
-            if not (interior and settled):
-                e2 = np.minimum(np.cumsum(term) + _conv_head(live, e, span), _PRED_CAP)
-                n2 = np.minimum(np.cumsum(term + live) + _conv_head(live, nn, span), _PRED_CAP)
-                x2 = np.minimum(np.cumsum(live) + _conv_head(live, xx, span), _PRED_CAP)
-                if interior:
-                    interior_steps += 1
-                    settled = interior_steps >= 256 or all(
-                        np.allclose(a, b, rtol=1e-12, atol=0) for a, b in ((e2, e), (n2, nn), (x2, xx))
-                    )
-                e, nn, xx = e2, n2, x2
-            if d in need:
-                per_depth_dp[d] = (e, nn, xx)
-
-        seqs, nodes, rows_new = np.zeros(span), np.zeros(span), np.zeros(span)
-        for c, g in seen_t.items():
-            seqs += np.cumsum(g)
-            nodes += np.cumsum(g)
-        for c, g in seen_l.items():
-            e, nn, xx = per_depth_dp[c]
-            seqs += _conv_head(g, e, span)
-            nodes += np.cumsum(g) + _conv_head(g, nn, span)
-            rows_new += np.cumsum(g) + _conv_head(g, xx, span)
-        seqs = np.minimum(len(self) + seqs, _PRED_CAP)
-        nodes = np.minimum(nd.n + nodes, _PRED_CAP)
-        nbytes = nodes * NODE_BYTES + self._rows_bytes() + np.minimum(rows_new, _PRED_CAP) * self._row_bytes()
-        return seqs, nodes, nbytes
+    def _compact_rows(self) -> None:
+        """Merge the kept row chunks geometrically, per kind: a chunk is merged into the one before
+        it while that one is at most twice its size. A few dozen chunks stay (logarithmically
+        many in the rows kept), and each row is copied a logarithmic number of times over the
+        index's life, not once per pass."""
+        merged = []
+        for sparse in (False, True):
+            stack: list[RowChunk] = []
+            for chunk in (c for c in self._chunks if c.sparse == sparse and c.size):
+                stack.append(chunk)
+                while len(stack) > 1 and stack[-2].size <= 2 * stack[-1].size:
+                    top = stack.pop()
+                    stack[-1] = RowChunk.concat([stack[-1], top])
+            merged.extend(stack)
+        self._chunks = merged
 
     # -- the count DP and the order ------------------------------------------------------------------
 
@@ -1252,7 +1128,7 @@ class SeekIndex:
         k = _int_arg(k, "k", minimum=0)
         if k == 0:
             return []
-        with self._atomic():
+        with self._atomic(keep_limited=True):
             self._deepen_for_count(start + k, f"slice(start={_show(start)}, k={_show(k)})")
         stop = min(start + k, len(self))
         if stop <= start:
@@ -1321,7 +1197,7 @@ class SeekIndex:
         request = f"threshold(rank={_show(rank)})"
         if rank > min(self._capacity(), _MAX_RANK) and rank > len(self) and not self.exhausted:
             raise IndexError(self._capacity_message(f"threshold rank {_show(rank)} (1-based)"))
-        with self._atomic():
+        with self._atomic(keep_limited=True):
             self._deepen_for_count(rank, request)
             if len(self) < rank:
                 raise IndexError(self._beyond_message(f"threshold rank {_show(rank)} (1-based)"))
@@ -1444,20 +1320,6 @@ def _sort_keys(*keys: np.ndarray) -> np.ndarray:
     for k, w in zip(keys, widths):
         packed = (packed << w) | k.astype(np.int64)
     return np.argsort(packed, kind="stable")
-
-
-def _conv_head(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    """The first ``n`` entries of the convolution of ``a`` and ``b`` (float64, non-negative), direct:
-    an FFT would bury small counts under the rounding of large ones."""
-    nz = np.flatnonzero(a[:n])
-    if nz.size == 0:
-        return np.zeros(n)
-    if nz.size <= 32:  # few distinct step buckets (a flat or peaked row): shifted sums
-        out = np.zeros(n)
-        for k in nz.tolist():
-            out[k:] += a[k] * b[: n - k]
-        return out
-    return np.convolve(a[:n], b[:n])[:n]
 
 
 # -- upper bounds on huge counts (dropped_upper): exact ints below 2**63, floats rounded up beyond --
