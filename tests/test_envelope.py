@@ -431,3 +431,38 @@ def test_rescored_index_certifies_only_on_true_exhaustion():
     short = AREnvelopeIndex(draft, max_depth_bits=8.0, n_paths=8, progress=False)  # not all ranked
     result = RescoredIndex(short, target, rerank_window=40, assumed_gap=1e9).top_k(4)
     assert result.certified is False and short.truncated
+
+
+def per_prefix(vocab, *, eos=None, seed=0):
+    """The reference library's form (one prefix in, (tokens, log-probs) out): a bigram."""
+    logits = np.random.default_rng(seed).normal(size=(vocab, vocab))
+
+    def fn(prefix):
+        row = logits[prefix[-1] if prefix else 0]
+        return np.arange(vocab), row - np.logaddexp.reduce(row)
+
+    return fn
+
+
+@pytest.mark.parametrize("eos", [None, 0])
+def test_an_inferred_vocabulary_is_accepted_like_seek_index_does(tmp_path, eos):
+    """CallableModel without vocab_size (issue 23 item 9): the index reads the model's growing
+    vocabulary, ranks the same sequences as with a given one, never claims the whole support
+    (it is unknown), and saves and loads against a fresh inferred model."""
+    fn = per_prefix(4, seed=5)
+    inferred = CallableModel(fn, max_len=5, eos=eos)
+    assert inferred.vocab_inferred and inferred.vocab_size < 4
+    env = AREnvelopeIndex(inferred, max_depth_bits=400.0, n_paths=16, progress=False)
+    given = AREnvelopeIndex(CallableModel(fn, vocab_size=4, max_len=5, eos=eos), max_depth_bits=400.0,
+                            n_paths=16, progress=False)
+    assert env.vocab_size == 4 == inferred.vocab_size
+    n = min(len(env), len(given), 200)
+    seqs, lps = env.unrank_batch(np.arange(n))
+    assert len(set(seqs)) == n and all(max(s) < 4 for s in seqs)
+    assert seqs == given.unrank_batch(np.arange(n))[0]
+    everything(env)
+    assert not env.exhausted  # the support of an inferred vocabulary is unknown
+    assert SeekIndex(CallableModel(fn, max_len=5, eos=eos), progress=False).unrank(0)[0] == seqs[0]
+    env.save(tmp_path / "env.npz")
+    loaded = AREnvelopeIndex.load(tmp_path / "env.npz", CallableModel(fn, max_len=5, eos=eos))
+    assert loaded.unrank_batch(np.arange(n))[0] == seqs

@@ -101,3 +101,35 @@ def test_public_functions_are_fully_annotated():
         else:
             typing.get_type_hints(fn)  # every annotation resolves at runtime
     assert not missing, "public functions without complete type hints:\n" + "\n".join(missing)
+
+
+def _requirement_names(requirements) -> set[str]:
+    import re
+
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_the_bench_extra_carries_every_package_the_benchmarks_import():
+    """`pip install -e ".[bench]" && python3 benchmarks/run.py --quick` needs nothing else (issue 23:
+    matplotlib was missing, so the seek_memory section failed)."""
+    import ast
+
+    bench = ROOT / "benchmarks"
+    local = {p.stem for p in bench.glob("*.py")} | {"jaxrescore"}
+    modules = set()
+    for script in bench.glob("*.py"):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    third_party = modules - local - set(sys.stdlib_module_names)
+    project = PYPROJECT["project"]
+    declared = _requirement_names(project["dependencies"] + project["optional-dependencies"]["bench"])
+    dists = metadata.packages_distributions()
+    missing = sorted(
+        m for m in third_party
+        if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared
+    )
+    assert {"mixle", "matplotlib"} <= third_party
+    assert not missing, f"benchmarks import {missing}, which the bench extra does not declare"

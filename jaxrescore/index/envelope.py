@@ -119,6 +119,14 @@ class AREnvelopeIndex(EnvelopeCalibration):
         self._calibrate(corpus)
         self._build()
 
+    @property
+    def vocab_size(self) -> int:
+        """V: the model's; with an inferred vocabulary its current size (it grows), at least 1
+        (eos + 1 when the model has an eos)."""
+        if self._vocab_inferred:
+            return max(int(self.model.vocab_size), self._min_vocab)
+        return self._vocab_size
+
     def _setup(self, model, quantizer, max_depth_bits, progress, chunk_rows):
         for attr in ("vocab_size", "eos", "max_len", "next_logprobs"):
             if not hasattr(model, attr):
@@ -129,7 +137,16 @@ class AREnvelopeIndex(EnvelopeCalibration):
         self.model = model
         self.max_len = _int_arg(model.max_len, "model.max_len", minimum=1)
         self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
-        self.vocab_size = _int_arg(model.vocab_size, "model.vocab_size", minimum=1)
+        # An inferred vocabulary (CallableModel without vocab_size) starts at 0 and grows as rows
+        # name tokens (as SeekIndex accepts it): ``vocab_size`` then reads the model's current size
+        # (at least one token, or eos + 1), and no structural count caps the ranks (the support is
+        # unknown, so the index never reports itself exhausted).
+        self._vocab_inferred = bool(getattr(model, "vocab_inferred", False))
+        if self._vocab_inferred:
+            self._min_vocab = 1 if self.eos is None else self.eos + 1
+            _int_arg(model.vocab_size, "model.vocab_size", minimum=0)
+        else:
+            self._vocab_size = _int_arg(model.vocab_size, "model.vocab_size", minimum=1)
         self.quantizer = quantizer
         bits = max_depth_bits
         if isinstance(bits, bool) or not isinstance(bits, numbers.Real) or not math.isfinite(bits) or bits < 0:
@@ -147,7 +164,9 @@ class AREnvelopeIndex(EnvelopeCalibration):
         self._lp_memo: dict[int, float] = {}
         L, V = self.max_len, self.vocab_size
         # completions below a continuing prefix of length d: the most ranks it may ever be given
-        if self.eos is None:
+        if self._vocab_inferred:
+            counts = [float("inf")] * (L + 1)
+        elif self.eos is None:
             counts = [V ** (L - d) for d in range(L + 1)]
         else:
             counts = [sum((V - 1) ** j for j in range(L - d)) for d in range(L + 1)]

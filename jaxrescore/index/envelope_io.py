@@ -75,7 +75,8 @@ def load_envelope(cls, path, model, *, progress=None, chunk_rows=4096):
     try:
         ix._setup(model, Quantizer(*header["quantizer"]), header["max_depth_bits"], progress, chunk_rows)
         for key, saved in header["model"].items():
-            if getattr(ix, key) != saved:
+            grows = key == "vocab_size" and ix._vocab_inferred and getattr(ix, key) <= saved
+            if getattr(ix, key) != saved and not grows:  # an inferred vocabulary may not have grown yet
                 raise ValueError(
                     f"{path} was built for a model with {key}={saved!r}, this model has {getattr(ix, key)!r}"
                 )
