@@ -106,7 +106,7 @@ def complete(tokens: np.ndarray, lengths: np.ndarray, structure: Structure) -> n
 
 class ScoredArrays(NamedTuple):
     """The scored set as padded arrays (row ``i`` is scored sequence ``i`` as the target reads it:
-    its :func:`view`).
+    its view, :func:`view_lengths`).
 
     Attributes:
       tokens: int64[N, L], the views, padded with -1.
