@@ -223,9 +223,8 @@ def check_result(r, truth: dict, start: int, k: int, gap, excess: float, toleran
 
 class Side:
     """One prompt's view of a case: the prompted target and draft, the target's whole support with
-    its scores (``truth``), the true one-sided excess, and what the evidence check needs: the draft
-    score of any sequence, and the ``cuts`` (a draft sequence as the target reads it, cut at the
-    target's max_len or after its eos, when that differs from the sequence itself)."""
+    its scores (``truth``), the true one-sided excess, and the draft score of any sequence (what
+    the evidence check needs)."""
 
     def __init__(self, models: dict, t_base, d_base, prompt: tuple):
         target_table, draft_table = models["target"], models["draft"]
@@ -238,14 +237,6 @@ class Side:
         everything = sorted(set(self.support) | set(self.draft_support), key=lambda s: (len(s), s))
         self._draft = {}
         self.excess = max(self.excess_of(everything), 0.0)
-        t_len, t_eos = self.t_model.max_len, self.t_model.eos
-        self.cuts = set()
-        for s in self.draft_support:
-            cut = s[:t_len]
-            if t_eos is not None and t_eos in cut:
-                cut = cut[: cut.index(t_eos) + 1]
-            if cut != s:
-                self.cuts.add(cut)
 
     def draft_scores(self, seqs: list) -> np.ndarray:
         missing = [s for s in dict.fromkeys(seqs) if s not in self._draft]
@@ -266,11 +257,11 @@ class Side:
 class Evidence:
     """Every sequence the target scored, by the RescoredIndex object it was scored for: the
     target's ``score_frontier`` and ``score_sequences`` are wrapped on the base model (a prompted
-    target calls its base; ``rescore_many`` calls the shared base). A row counts as evidence about
-    the gap when it is a complete target sequence the library scored as itself (a cut of a longer
-    draft sequence is left out: the library scored the draft sequence, -inf, and never held a
-    draft score for the cut); its excess is the TRUE target - draft (+inf outside the draft's
-    support). Calls made while no owner is set (the oracle's own) are not recorded."""
+    target calls its base; ``rescore_many`` calls the shared base). Every row sent that is a
+    whole target sequence is evidence about the gap, a draft sequence's view included (cut at the
+    target's max_len or after its eos: the forward scored that target sequence); its excess is the
+    TRUE target - draft (+inf outside the draft's support). Calls made while no owner is set (the
+    oracle's own) are not recorded."""
 
     def __init__(self, sides: dict):
         self.sides = sides  # prompt -> Side
@@ -355,7 +346,7 @@ class Evidence:
         for i, (_, thread, p, seq) in rows:
             if mine_after is not None and i >= mine_after and thread != me:
                 continue
-            if seq not in self.sides[p].cuts and (self.pulled is None or seq in self.pulled):
+            if self.pulled is None or seq in self.pulled:
                 by_prompt.setdefault(p, set()).add(seq)
         return max((self.sides[p].excess_of(sorted(seqs)) for p, seqs in by_prompt.items()), default=-math.inf)
 
