@@ -42,6 +42,7 @@ _EXPORTS = {
     # shadow the ``jaxrescore.rescore`` subpackage.
     "rescore_many": "jaxrescore.rescore",
     "save_model": "jaxrescore.models",
+    "top_k": "jaxrescore.quick",
     "train_lm": "jaxrescore.models",
 }
 

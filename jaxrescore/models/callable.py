@@ -10,6 +10,13 @@ Two forms of ``fn`` are accepted:
 * batched (``batched=True``): ``fn(prefixes: int32[B, T], lengths: int32[B]) -> float[B, V]``, row
   ``b`` the log-softmax after ``prefixes[b, :lengths[b]]``; ``vocab_size`` is required.
 
+A per-prefix ``fn`` may speak token STRINGS, as the reference library's functions often do
+(``eos="$"``): pass ``tokens=[...]`` (token id ``i`` is ``tokens[i]``), or just a string ``eos``
+(the vocabulary is then inferred: ``eos`` is id 0 and every other string gets the next id when a
+table first returns it). ``fn`` then receives each prefix as a tuple of strings and returns
+strings; the model itself works in ids (``model.vocabulary[i]`` is token ``i``'s string, and
+results over it carry ``texts``).
+
 Every table is checked before use: a NaN, a log-prob above ``SIGN_TOL`` (float noise above 0 is
 tolerated and clipped to 0 in every row this model returns), a duplicate or out-of-range token, a wrong shape, or a table whose
 ``logsumexp`` is more than ``NORM_TOL`` from 0 (not a distribution) raises ``ValueError`` naming the
@@ -22,7 +29,7 @@ model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.frontier`).
 from __future__ import annotations
 
 import numbers
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 from jax.sharding import Mesh
@@ -66,9 +73,11 @@ class CallableModel(PromptableMixin):
       fn: the next-token function, per-prefix or batched.
       vocab_size: V; required when ``batched``, inferred (and growing) otherwise when omitted.
       max_len: the longest sequence in the support, EOS included (fixed-length models: the length).
-      eos: end-of-sequence token id; when set the model terminates and only EOS-ended sequences of at
-        most ``max_len`` tokens are in the support.
+      eos: end-of-sequence token id (a token string when ``fn`` speaks strings); when set the
+        model terminates and only EOS-ended sequences of at most ``max_len`` tokens are in the
+        support.
       batched: whether ``fn`` takes padded batches (see the module docstring).
+      tokens: the token strings a per-prefix ``fn`` speaks (see the module docstring), or None.
     """
 
     vocabulary: tuple[str, ...] | None = None  # token strings, when the user sets them
@@ -80,14 +89,18 @@ class CallableModel(PromptableMixin):
         *,
         vocab_size: int | None = None,
         max_len: int,
-        eos: int | None = None,
+        eos: int | str | None = None,
         batched: bool = False,
+        tokens: Sequence[str] | None = None,
     ):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if not isinstance(batched, (bool, np.bool_)):
             raise ValueError(f"batched must be True or False, got {batched!r}")
         self.max_len = _positive_int(max_len, "max_len")
+        self._names, eos, vocab_size = _token_names(tokens, eos, vocab_size, batched)
+        if self._names is not None:
+            self.vocabulary = tuple(self._names)
         self.eos = _positive_int(eos, "eos", allow_none=True, minimum=0)
         vocab = _positive_int(vocab_size, "vocab_size", allow_none=True)
         if batched and vocab is None:
@@ -132,7 +145,7 @@ class CallableModel(PromptableMixin):
           lengths: int32[B], each in ``[0, T]``.
         """
         prefixes, lengths = checked_batch(prefixes, lengths, what="prefixes")
-        vocab = self._vocab
+        vocab, names = self._vocab, None if self._names is None else len(self._names)
         try:
             if self.batched:
                 rows = self._batched_rows(prefixes, lengths)
@@ -142,6 +155,9 @@ class CallableModel(PromptableMixin):
             # An inferred vocabulary may have grown on tables before the bad one: a failed call
             # leaves the model as it was.
             self._vocab = vocab
+            if names is not None:
+                del self._names[names:]
+                self.vocabulary = tuple(self._names)
             raise
         return np.minimum(rows, np.float32(0.0))
 
@@ -183,7 +199,8 @@ class CallableModel(PromptableMixin):
         tables = {}
         for key in keys:  # padding rows and shared prefixes call fn once
             if key not in tables:
-                tables[key] = self._parse_table(self.fn(key), key)
+                spoken = key if self._names is None else tuple(self._names[t] for t in key)
+                tables[key] = self._parse_table(self.fn(spoken), key)
         width = self._vocab
         rows = np.full((len(keys), width), -np.inf, np.float32)
         for b, key in enumerate(keys):
@@ -210,6 +227,13 @@ class CallableModel(PromptableMixin):
                 ) from None
             toks = np.array([t for t, _ in pairs])
             lps = np.array([lp for _, lp in pairs], dtype=np.float64)
+        if self._names is not None:
+            toks = self._ids_of(toks, prefix)
+        elif toks.size and toks.dtype.kind in "USO":
+            raise ValueError(
+                f"fn{prefix!r} returned token strings {toks[:3].tolist()}; pass tokens=[...] (or a "
+                "string eos) so the model knows they are strings"
+            )
         if toks.size and not np.issubdtype(toks.dtype, np.integer):
             raise ValueError(f"fn{prefix!r} returned non-integer tokens {toks[:5].tolist()}")
         toks = toks.astype(np.int64)
@@ -231,6 +255,22 @@ class CallableModel(PromptableMixin):
         if toks.size:
             self._vocab = max(self._vocab, int(toks.max()) + 1)
         return toks, lps
+
+    def _ids_of(self, names: np.ndarray, prefix: tuple) -> np.ndarray:
+        """The ids of the token strings a table returned; a new string gets the next id when the
+        vocabulary is inferred, and is a ValueError naming it otherwise."""
+        index = {n: i for i, n in enumerate(self._names)}
+        out = np.empty(names.size, np.int64)
+        for j, name in enumerate(names.tolist()):
+            if name not in index:
+                if not self.vocab_inferred:
+                    raise ValueError(f"fn{prefix!r} returned token {name!r}, which is not in tokens")
+                _check_name(name)
+                index[name] = len(self._names)
+                self._names.append(name)
+            out[j] = index[name]
+        self.vocabulary = tuple(self._names)
+        return out
 
     # -- whole sequences ---------------------------------------------------------------------------
 
@@ -331,6 +371,37 @@ class CallableModel(PromptableMixin):
     def log_density(self, seq: Tokens) -> float:
         """The log-prob of one token sequence (``-inf`` outside the support)."""
         return float(self.score_sequences([tuple(seq)])[0])
+
+
+def _token_names(tokens, eos, vocab_size, batched: bool):
+    """``(names or None, eos id, vocab_size)`` for ``tokens=`` / a string ``eos`` (see the
+    module docstring); the arguments unchanged when ``fn`` speaks ids."""
+    if tokens is None and not isinstance(eos, str):
+        return None, eos, vocab_size
+    if batched:
+        raise ValueError("tokens= and a string eos are for a per-prefix fn; a batched fn speaks token ids")
+    if tokens is None:
+        _check_name(eos)
+        return [eos], 0, vocab_size
+    if isinstance(tokens, (str, bytes)):
+        raise ValueError("tokens must be a sequence of token strings, got one string")
+    names = list(tokens)
+    for name in names:
+        _check_name(name)
+    if len(set(names)) != len(names):
+        raise ValueError(f"tokens must be distinct, got duplicates {sorted({n for n in names if names.count(n) > 1})[:3]!r}")
+    if vocab_size is not None and vocab_size != len(names):
+        raise ValueError(f"vocab_size={vocab_size!r} disagrees with the {len(names)} tokens given")
+    if isinstance(eos, str):
+        if eos not in names:
+            raise ValueError(f"eos={eos!r} is not one of the tokens")
+        eos = names.index(eos)
+    return names, eos, len(names)
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in "\t\r\n"):
+        raise ValueError(f"a token string must be a non-empty str without tabs or line breaks, got {name!r}")
 
 
 def _pick(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -62,11 +62,29 @@ def prepend(prompt: tuple[int, ...], tokens: np.ndarray, lengths: np.ndarray):
 
 
 class PromptableMixin:
-    """Gives a model ``with_prompt``; the model must accept ``score_sequences(seqs, skip=...)``."""
+    """Gives a model ``with_prompt`` and ``with_tokenizer``; the model must accept
+    ``score_sequences(seqs, skip=...)``."""
 
-    def with_prompt(self, tokens: Tokens) -> PromptedModel:
-        """The model of continuations of ``tokens`` (see :class:`PromptedModel`)."""
-        return PromptedModel(self, tokens)
+    tokenizer = None  # set by with_tokenizer: text in and out (see jaxrescore.models.text)
+
+    def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
+        """The model of continuations of ``tokens`` (see :class:`PromptedModel`): token ids, or
+        text when the model has a vocabulary or a tokenizer."""
+        from jaxrescore.models.text import encode_prompt
+
+        return PromptedModel(self, encode_prompt(self, tokens))
+
+    def with_tokenizer(self, tokenizer):
+        """A copy of the model that reads and writes text with ``tokenizer`` (any object with
+        ``encode(text) -> ids`` and ``decode(ids) -> text``, e.g. a ``tokenizers.Tokenizer``):
+        ``with_prompt("...")`` takes text and results over it carry ``texts``."""
+        import copy
+
+        from jaxrescore.models.text import check_tokenizer
+
+        other = copy.copy(self)
+        other.tokenizer = check_tokenizer(tokenizer)
+        return other
 
 
 class PromptedModel(PromptableMixin):
@@ -97,10 +115,14 @@ class PromptedModel(PromptableMixin):
         """Whether the base infers its vocabulary from the tables it has seen (it then grows)."""
         return bool(getattr(self.base, "vocab_inferred", False))
 
-    def with_prompt(self, tokens: Tokens) -> PromptedModel:
-        """Extend the prompt: conditioning on ``self.prompt + tokens``."""
-        more = check_prompt(self, tokens)
-        return PromptedModel(self.base, self.prompt + more)
+    def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
+        """Extend the prompt: conditioning on ``self.prompt + tokens`` (ids, or text)."""
+        from jaxrescore.models.text import encode_prompt
+
+        more = check_prompt(self, encode_prompt(self, tokens))
+        longer = PromptedModel(self.base, self.prompt + more)
+        longer.tokenizer = self.tokenizer
+        return longer
 
     def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]``: ``log p(. | prompt + prefix)``, one call of the base model.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
@@ -23,6 +22,8 @@ import numpy as np
 from jaxrescore.models.frontier import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.core import CERT_NONE, CERT_TRUE, GapCarry, rescore_sweep
 from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
+from jaxrescore.models.text import codec_of
+from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, forward_rows, target_structure
 from jaxrescore.rescore.search import Proof, SearchBudget, check_proof, completion_model, greedy_complete, prove_search
 from jaxrescore.sequences import bucket_size
@@ -67,63 +68,6 @@ def require_gap(value: Any, name: str = "assumed_gap") -> float | None:
     if not math.isfinite(gap) or gap < 0:
         raise ValueError(f"{name} must be None or a finite number >= 0 (nats), got {value!r}")
     return gap
-
-
-@dataclass(frozen=True)
-class RescoreResult:
-    """Outcome of a :class:`RescoredIndex` query: target-exact items plus two verdicts.
-
-    ``top_k``/``slice`` are speculative: the items are always target-exact and target-ordered, but
-    completeness is established only when ``proven is True`` (no assumption) or ``certified is
-    True`` (under ``assumed_gap``) — check those, not ``items`` alone.
-
-    Attributes:
-      items: ``(sequence, target_log_prob)`` pairs, target-exact, sorted by target score (ties by
-        draft rank).
-      certified: the spec's gap certificate. None when no ``assumed_gap`` was supplied
-        (certification never attempted); True only when the draft support was exhausted or the
-        returned set's worst target score provably clears ``bound + assumed_gap`` plus the
-        target's score tolerance; False when certification was requested but not proven (no
-        sound bound, a short result from a draft that is not exhausted, the bound did not clear
-        the gap, or the library's own observations refute the gap: ``excess > assumed_gap``).
-      bound: the certified upper bound on any unpulled candidate's draft log-prob that the
-        certificate was checked against, or None when no bound applies: nothing was left
-        unpulled (the draft support was exhausted), no ``assumed_gap`` was supplied, or the draft
-        index could not supply a sound bound.
-      gap: running max observed ``|target_lp - draft_lp|`` over everything rescored on this index
-        so far, including this query: a diagnostic, never a certificate.
-      reason: why ``certified`` is what it is, in words.
-      excess: running max observed ``target_lp - draft_lp`` (the side of the gap the certificate
-        relies on); -inf before any finite pair.
-      draft_log_probs: the draft's log-prob of each item, aligned with ``items`` (NaN when the
-        draft could not score a sequence the search found).
-      draft_ranks: the draft rank of each item, aligned with ``items`` (its position in the pulled
-        head), or None for an item the speculative search found outside the head.
-      proven: the assumption-free verdict. None when the target gives no next-token
-        distributions (a bare scoring function); True when the worst returned target score
-        clears the frontier bound plus the target's score tolerance, so the items are the
-        target's exact top-k (or slice) over its whole support, whatever the draft; False
-        otherwise (``proof_reason`` says why).
-      frontier_bound: the frontier bound (an upper bound on the target score of every sequence
-        the query did not score; -inf when it scored the whole support), or None without
-        distributions.
-      proof_reason: why ``proven`` is what it is, in words.
-      rounds: target scoring rounds this query made (1 unless ``prove`` or ``until_certified``
-        searched further); every round is one batched target call.
-    """
-
-    items: list
-    certified: bool | None
-    bound: float | None
-    gap: float
-    reason: str = ""
-    excess: float = -math.inf
-    draft_log_probs: tuple = field(default=())
-    draft_ranks: tuple = field(default=())
-    proven: bool | None = None
-    frontier_bound: float | None = None
-    proof_reason: str = ""
-    rounds: int = 1
 
 
 class _Query:
@@ -208,6 +152,13 @@ class RescoredIndex:
         self.draft_model = completion_model(draft_index, draft_model, target)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return (
+            f"RescoredIndex(draft_index={type(self.draft_index).__name__}, target={type(self.target).__name__}, "
+            f"rerank_window={self.rerank_window}, assumed_gap={self.assumed_gap}, "
+            f"target_calls={self.target_calls}, target_sequences={self.target_sequences})"
+        )
 
     @property
     def carry(self) -> GapCarry:
@@ -415,7 +366,15 @@ class RescoredIndex:
             frontier_bound=proof.frontier_bound,
             proof_reason=proof.reason,
             rounds=rounds,
+            texts=self._texts(items),
         )
+
+    def _texts(self, items: list) -> list | None:
+        """The items as text with the target's codec, each after its prompt (as a ``generate``
+        returns it); None when the target has no codec."""
+        codec = codec_of(self.target)
+        prompt = tuple(getattr(self.target, "prompt", ()))
+        return None if codec is None else [codec.decode(prompt + tuple(seq)) for seq, _ in items]
 
     # -- searches ----------------------------------------------------------------------------------
 
