@@ -284,7 +284,7 @@ def test_bad_linen_input():
         from_linen(LinenLM, variables, **KW)
     with pytest.raises(TypeError, match="module must be a flax.linen Module"):
         from_linen(lambda p, t: t, variables, **KW)
-    with pytest.raises(TypeError, match="nnx.split"):
+    with pytest.raises(TypeError, match="flax.nnx module: use from_nnx"):
         from_linen(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), variables, **KW)
     with pytest.raises(TypeError, match="variables must be"):
         from_linen(module, [1, 2], **KW)

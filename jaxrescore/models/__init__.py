@@ -1,6 +1,6 @@
 """Models implementing the AutoregressiveEnumerable protocol."""
 
-from jaxrescore.models.adapters import from_equinox, from_linen
+from jaxrescore.models.adapters import from_equinox, from_linen, from_nnx
 from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
@@ -35,6 +35,7 @@ __all__ = [
     "from_apply_fn",
     "from_equinox",
     "from_linen",
+    "from_nnx",
     "load_model",
     "max_step_deviation",
     "quantize_int8",

@@ -1,9 +1,14 @@
-"""Adapters for models written with flax.linen and equinox: :func:`from_linen`, :func:`from_equinox`.
+"""Adapters for models written with flax.nnx, flax.linen and equinox: :func:`from_nnx`,
+:func:`from_linen`, :func:`from_equinox`.
 
-Both build the library's :class:`~jaxrescore.models.ApplyFnLM` through
+All three build the library's :class:`~jaxrescore.models.ApplyFnLM` through
 :func:`~jaxrescore.models.from_apply_fn`. What the library trains (``train_lm``, ``distill``) and
 places on a mesh is ``ApplyFnLM.params``:
 
+- nnx: the module's ``nnx.Param`` state (``nnx.split(model, nnx.Param, ...)``), taken from a copy
+  of the module in eval mode (``Dropout`` deterministic, ``BatchNorm`` on its running averages).
+  Every other state (batch statistics, RNG keys and counts, custom variables) is held fixed by the
+  forward, never trained;
 - linen: ``variables["params"]``. Other collections (``batch_stats``, constants) are held fixed by
   the forward (they are not weights a gradient step should move) and handed back unchanged;
 - equinox: the array leaves of the model (``eqx.partition(model, eqx.is_array)``); everything else
@@ -13,8 +18,12 @@ The forward is one hashable callable per model holding the static part only, nev
 (``params`` are an argument of every jit, so trained weights are always used). Two adapters of
 the same architecture compare equal, so they share compiles too.
 
-Handing trained weights back: :meth:`ApplyFnLM.to_linen_variables` returns a variables dict of the
-structure that was given, :meth:`ApplyFnLM.to_equinox` the equinox model with the new arrays.
+Handing trained weights back: ``nnx.update(module, lm.params)`` writes them into the user's nnx
+module (:meth:`ApplyFnLM.to_nnx` builds a new one), :meth:`ApplyFnLM.to_linen_variables` returns a
+variables dict of the structure that was given, :meth:`ApplyFnLM.to_equinox` the equinox model with
+the new arrays. ``save_model`` stores any adapter's ``params`` and the state its forward holds
+fixed (:func:`fixed_state`); ``load_model(path, like=...)`` reads them back into a copy of a model
+the user builds again from the same architecture (:func:`with_fixed_state`).
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ from jax.sharding import Mesh
 
 from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import check_int
+from jaxrescore.models.int8 import DequantizedApply, DequantizedStep
 from jaxrescore.typing import PyTree
 
-__all__ = ["from_equinox", "from_linen"]
+__all__ = ["from_equinox", "from_linen", "from_nnx"]
 
 
 def _hashable_or_none(key):
@@ -51,6 +61,7 @@ class _Structural:
     when the key cannot be hashed (e.g. a module field holding a dict)."""
 
     _key: Any = None
+    _hash: int | None = None
 
     def __eq__(self, other):
         if self is other:
@@ -63,7 +74,11 @@ class _Structural:
             return False
 
     def __hash__(self):
-        return id(self) if self._key is None else hash(self._key)
+        # jit hashes its static arguments on every call; a key holding a module or a GraphDef
+        # walks its whole structure, so hash once (the key never changes after __init__)
+        if self._hash is None:
+            self._hash = id(self) if self._key is None else hash(self._key)
+        return self._hash
 
 
 class LinenApply(_Structural):
@@ -90,6 +105,16 @@ class LinenApply(_Structural):
         return freeze(out) if self.frozen else out
 
     rebuild = variables
+
+    @property
+    def fixed_state(self) -> dict:
+        """The collections held fixed (every one but ``"params"``), a dict by name."""
+        return self.state
+
+    def with_fixed_state(self, state: Mapping) -> LinenApply:
+        """The same forward holding ``state`` (a dict like :attr:`fixed_state`) instead."""
+        variables = {k: None if k == "params" else state[k] for k in self.order}
+        return LinenApply(self.module, self.method, self.kwargs, freeze(variables) if self.frozen else variables)
 
     def __call__(self, params, tokens):
         return self.module.apply(self.variables(params), tokens, method=self.method, **self.kwargs)
@@ -123,16 +148,93 @@ class EquinoxApply(_Structural):
         return jax.vmap(lambda row: model(row, **self.kwargs))(tokens)
 
 
+class NnxApply(_Structural):
+    """Hashable forward of a flax.nnx module in eval mode: ``(params, tokens int32[B, T]) ->
+    logits[B, T, V]`` as ``nnx.merge(graphdef, params, state, copy=True)(tokens, **kwargs)`` (or
+    its ``method``). ``graphdef`` is the eval-mode module's structure, ``params`` its
+    ``nnx.Param`` state, ``state`` everything else, held fixed: every call merges fresh copies of
+    the variables, so whatever the module writes while it runs is dropped."""
+
+    source_kind = "nnx"
+
+    def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, method: str | None, kwargs: Mapping,
+                 name: str):
+        self.graphdef, self.state, self.method, self.kwargs = graphdef, state, method, dict(kwargs)
+        state_key = tuple(id(x) for x in jax.tree.leaves(state))  # arrays: by identity
+        self._key = _hashable_or_none((graphdef, method, tuple(sorted(self.kwargs.items())), state_key))
+        self._name = name
+        self.__name__ = f"nnx:{name}"
+
+    @property
+    def fixed_state(self) -> nnx.State:
+        """The variables held fixed (every one that is not an ``nnx.Param``)."""
+        return self.state
+
+    def with_fixed_state(self, state: nnx.State) -> NnxApply:
+        """The same forward holding ``state`` (an ``nnx.State`` like :attr:`fixed_state`) instead."""
+        return NnxApply(self.graphdef, state, self.method, self.kwargs, self._name)
+
+    def rebuild(self, params: PyTree) -> nnx.Module:
+        """A new module (eval mode) with ``params`` as its ``nnx.Param`` state and copies of the
+        held state."""
+        return nnx.merge(self.graphdef, params, self.state, copy=True)
+
+    def __call__(self, params, tokens):
+        module = self.rebuild(params)
+        call = module if self.method is None else getattr(module, self.method)
+        return call(tokens, **self.kwargs)
+
+
 class SourceStep(_Structural):
     """A user's cache-aware ``step(source, cache, tokens, positions)`` given the source object
-    (linen: the variables dict; equinox: the model) instead of the library's ``params``."""
+    (nnx: the module; linen: the variables dict; equinox: the model) instead of the library's
+    ``params``."""
 
-    def __init__(self, step: Callable, apply: LinenApply | EquinoxApply):
+    def __init__(self, step: Callable, apply: NnxApply | LinenApply | EquinoxApply):
         self.step, self.apply = step, apply
         self._key = _hashable_or_none((step, apply))
 
     def __call__(self, params, cache, tokens, positions):
         return self.step(self.apply.rebuild(params), cache, tokens, positions)
+
+
+def _inner(apply):
+    """The adapter's forward inside an int8 twin's dequantising wrapper (or ``apply`` itself)."""
+    while isinstance(apply, DequantizedApply):
+        apply = apply.apply_fn
+    return apply
+
+
+def fixed_state(model: ApplyFnLM) -> PyTree:
+    """The state an adapter model's forward holds fixed beside its ``params`` (part of what it
+    computes, never trained): for :func:`from_nnx`, every variable that is not an ``nnx.Param``
+    (batch statistics, RNG keys and counts); for :func:`from_linen`, the collections other than
+    ``"params"``; None for every other forward (its ``params`` are all it holds)."""
+    return getattr(_inner(model.apply), "fixed_state", None)
+
+
+def with_fixed_state(model: ApplyFnLM, state: PyTree) -> ApplyFnLM:
+    """A copy of ``model`` (same ``params``, mesh, cache pair) whose forward holds ``state`` (of
+    :func:`fixed_state`'s structure) instead; an int8 twin's wrappers are rebuilt around it."""
+
+    def swap(apply):
+        if isinstance(apply, DequantizedApply):
+            return DequantizedApply(swap(apply.apply_fn))
+        return apply.with_fixed_state(state)
+
+    def swap_step(step):
+        if isinstance(step, DequantizedStep):
+            return DequantizedStep(swap_step(step.step))
+        if isinstance(step, SourceStep):
+            return SourceStep(step.step, swap(step.apply))
+        return step
+
+    if fixed_state(model) is None:
+        raise TypeError(f"{model!r} holds no fixed state (built by neither from_nnx nor from_linen)")
+    other = model.with_mesh(model.mesh, shard_params=model.shard_params)
+    other.apply = swap(model.apply)
+    other.step = None if model.step is None else swap_step(model.step)
+    return other
 
 
 def _check_kwargs(kwargs, name: str) -> dict:
@@ -168,6 +270,79 @@ def _check_step(step) -> None:
     # the rest (the pair's presence, init_cache, the shapes).
     if step is not None and not callable(step):
         raise TypeError(f"step must be callable, got {type(step).__name__}")
+
+
+def from_nnx(
+    model: nnx.Module,
+    *,
+    vocab_size: int,
+    bos_id: int,
+    max_len: int,
+    eos: int | None = None,
+    mesh: Mesh | None = None,
+    method: str | None = None,
+    call_kwargs: Mapping[str, Any] | None = None,
+    init_cache: Callable[[int, int], PyTree] | None = None,
+    step: Callable[..., tuple[jax.Array, PyTree]] | None = None,
+) -> ApplyFnLM:
+    """A flax.nnx language model as an enumerable, trainable :class:`~jaxrescore.models.ApplyFnLM`.
+
+    ``model(tokens int32[B, T], **call_kwargs)`` (or ``getattr(model, method)(...)``) must return
+    causal logits ``float[B, T, V]`` where ``tokens[:, 0] == bos_id`` and position ``j``'s logits
+    predict the sequence's token ``j`` (as for :func:`~jaxrescore.models.from_apply_fn`).
+
+    The adapter works on a copy of ``model`` in eval mode (``model.eval()``: every ``Dropout`` is
+    deterministic, every ``BatchNorm`` uses its running averages); ``model`` itself is left
+    unchanged. Scoring and training are deterministic. The model's ``params`` are the
+    ``nnx.Param`` state, an ``nnx.State`` (what ``train_lm``/``distill`` update); every other
+    variable (``nnx.BatchStat``, the RNG keys and counts of ``nnx.Rngs``, custom variables) is held
+    fixed, as the module had it, and what the module writes to it during a call is dropped. After
+    training, ``nnx.update`` hands the weights back to your module; in eval mode it then computes
+    the adapter's logits::
+
+        lm = from_nnx(model, vocab_size=V, bos_id=V, max_len=16, eos=0)
+        train_lm(lm, corpus, steps=200)
+        nnx.update(model, lm.params)  # model.eval(); model(tokens) == lm's logits
+        save_model(lm, "my_lm.npz")   # the weights; the architecture is your code:
+        lm = load_model("my_lm.npz", like=from_nnx(MyLM(rngs=nnx.Rngs(0)), vocab_size=V, ...))
+
+    Args:
+      model: a ``flax.nnx.Module`` instance.
+      vocab_size, bos_id, max_len, eos, mesh: the support and placement, as in
+        :func:`~jaxrescore.models.from_apply_fn`.
+      method: optional name of the module's method to call instead of ``__call__``.
+      call_kwargs: optional keyword arguments of every call of the module.
+      init_cache, step: optional cache-aware pair, as in :func:`~jaxrescore.models.from_apply_fn`,
+        except that ``step`` receives the module (eval mode, with the current weights) in place of
+        ``params``:
+        ``step(module, cache, tokens int32[B, 1], positions int32[B]) -> (logits[B, 1, V], cache)``.
+
+    Returns:
+      An ApplyFnLM whose ``apply`` holds the module's structure and fixed state (never the
+      weights): adapters of equal structures with the same fixed arrays share compiles.
+      :meth:`~jaxrescore.models.ApplyFnLM.to_nnx` builds a new module holding its weights.
+    """
+    if isinstance(model, type):
+        raise TypeError(f"model must be a flax.nnx Module instance, got the class {model.__name__}; "
+                        f"pass {model.__name__}(..., rngs=nnx.Rngs(0))")
+    if not isinstance(model, nnx.Module):
+        hint = " (a flax.linen module: use from_linen(module, variables, ...))" if isinstance(model, nn.Module) else ""
+        raise TypeError(f"model must be a flax.nnx Module, got {type(model).__name__}{hint}")
+    if method is not None and not (isinstance(method, str) and callable(getattr(model, method, None))):
+        raise ValueError(f"method must be None or the name of a method of {type(model).__name__}, got {method!r}")
+    kwargs = _check_kwargs(call_kwargs, "call_kwargs")
+    vocab_size = check_int(vocab_size, "vocab_size", minimum=1)  # the probe below needs it
+    copy = nnx.clone(model)  # independent variables: later changes to model never reach the adapter
+    copy.eval()
+    graphdef, params, state = nnx.split(copy, nnx.Param, ...)
+    apply = NnxApply(graphdef, state, method, kwargs, type(model).__name__)
+    call = "model" + ("" if method is None else f".{method}") + ("(tokens, **call_kwargs)" if kwargs else "(tokens)")
+    _probe(apply, params, (1, 2), vocab_size, call + " (eval mode)")
+    _check_step(step)
+    return from_apply_fn(
+        apply, params, vocab_size=vocab_size, bos_id=bos_id, max_len=max_len, eos=eos, mesh=mesh,
+        init_cache=init_cache, step=None if step is None else SourceStep(step, apply),
+    )
 
 
 def from_linen(
@@ -224,7 +399,7 @@ def from_linen(
     if not isinstance(module, nn.Module):
         hint = ""
         if isinstance(module, nnx.Module):
-            hint = " (a flax.nnx module: split it with nnx.split and use from_apply_fn)"
+            hint = " (a flax.nnx module: use from_nnx(module, vocab_size=..., bos_id=..., max_len=...))"
         raise TypeError(f"module must be a flax.linen Module, got {type(module).__name__}{hint}")
     if not isinstance(variables, Mapping):
         raise TypeError(

@@ -19,10 +19,12 @@ from jaxrescore.typing import PyTree
 
 class ApplyFnLM(JaxLM):
     """A model given as ``apply_fn(params, tokens int32[B, T]) -> logits[B, T, V]`` (see
-    :func:`from_apply_fn`, :func:`~jaxrescore.models.from_linen` or
-    :func:`~jaxrescore.models.from_equinox`). ``params`` can be replaced (or trained with
-    ``train_lm``); :meth:`to_linen_variables` and :meth:`to_equinox` hand them back to the
-    adapted model's library.
+    :func:`from_apply_fn`, :func:`~jaxrescore.models.from_nnx`,
+    :func:`~jaxrescore.models.from_linen` or :func:`~jaxrescore.models.from_equinox`). ``params``
+    can be replaced (or trained with ``train_lm``); ``nnx.update(module, lm.params)``,
+    :meth:`to_nnx`, :meth:`to_linen_variables` and :meth:`to_equinox` hand them back to the
+    adapted model's library. ``save_model`` writes ``params``;
+    ``load_model(path, like=model)`` reads them into a copy of ``model``.
 
     Attributes:
       init_cache, step: the optional cache-aware pair of :func:`from_apply_fn` (None without).
@@ -42,6 +44,15 @@ class ApplyFnLM(JaxLM):
             held = (self.step, self.init_cache, dec)
             self._decoder = held
         return held[2]
+
+    def to_nnx(self) -> Any:
+        """The trained weights handed back to flax.nnx: for a model built by
+        :func:`~jaxrescore.models.from_nnx`, a NEW module of the adapted one's class, in eval
+        mode, with ``self.params`` (the current weights, e.g. after ``train_lm``) as its
+        ``nnx.Param`` state and copies of the fixed state; calling it gives this model's logits.
+        To update your own module instead: ``nnx.update(module, lm.params)``. TypeError for a
+        model built otherwise."""
+        return self._source("nnx", "to_nnx", "from_nnx")
 
     def to_linen_variables(self) -> Mapping[str, Any]:
         """The trained weights handed back to flax.linen: for a model built by

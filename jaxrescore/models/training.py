@@ -39,6 +39,19 @@ def _check_model(model, name: str) -> None:
             f"{name} must be a trainable JAX model (TransformerLM or from_apply_fn), "
             f"got {type(model).__name__}"
         )
+    # A gradient needs float leaves: an RNG key or a counter in the weights (a flax nnx module
+    # split whole) would fail inside jax.grad with a message naming neither.
+    for path, leaf in jax.tree_util.tree_flatten_with_path(model.params)[0]:
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:  # a Python number (jax.grad takes a float)
+            dtype = np.result_type(leaf) if isinstance(leaf, (int, float, complex)) else np.dtype(object)
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            where = jax.tree_util.keystr(path) or "the root"
+            raise TypeError(
+                f"{name}.params holds a {dtype} leaf at {where}; only float weights "
+                "can be trained (a flax nnx module: wrap it with from_nnx, which trains its nnx.Param "
+                "state and holds RNG and batch-stat state fixed)"
+            )
 
 
 def _check_positive(**kw) -> None:
