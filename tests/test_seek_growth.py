@@ -203,3 +203,20 @@ def test_a_limit_reached_mid_growth_keeps_a_consistent_answering_index():
     forwards = index.forwards
     index.ensure_count(2000)
     assert len(index) == len(roomy) and index.forwards == roomy.forwards and forwards < roomy.forwards
+
+
+def test_a_prompted_wide_ngram_hands_over_sparse_rows_and_grows_as_whole_rows_would(monkeypatch):
+    model = ngram_model(2000, 11, prompt=(5, 9), sentences=600)
+    whole_rows = []
+    real = SeekIndex._forward
+
+    def forward(self, ids, depth):
+        whole_rows.append(ids.size)
+        return real(self, ids, depth)
+
+    monkeypatch.setattr(SeekIndex, "_forward", forward)
+    sparse = SeekIndex(model, progress=False).ensure_count(57)  # row_storage="auto": sparse at V=2,000
+    assert whole_rows == [1] and sparse.forwards > 50  # only the root's row was V wide
+    whole = SeekIndex(model, progress=False, row_storage="dense").ensure_count(57)
+    assert _all(sparse)[0] == _all(whole)[0] and np.array_equal(_all(sparse)[1], _all(whole)[1])
+    assert sparse._budget == whole._budget and sparse.nbytes < whole.nbytes / 10

@@ -38,7 +38,7 @@ then grows with the sequences indexed, not with V. The bound keeps the frontier 
 ``bucket_bound``) sound, and a deepening whose budget reaches a row's bound runs the model on that
 prefix again before admitting its children (counted in ``forwards``). A table model of this
 package that offers ``next_logprobs_above(prefixes, lengths, thresholds)``
-(:class:`~jaxrescore.models.NGramLM`) hands over the kept cells and a bound itself, so no
+(:class:`~jaxrescore.models.NGramLM`, prompted or not) hands over the kept cells and a bound itself, so no
 ``V``-wide row is ever built (except where ``branch_cap`` or the ``max_len`` cut needs one, and
 the root's).
 
@@ -680,7 +680,7 @@ class SeekIndex:
         (``next_logprobs_above``: a table model that never builds ``V`` cells), not as whole rows
         sparsified here: sparse storage, one of this package's models, and no cut at this depth
         (cuts need whole rows; the root's row is kept whole)."""
-        if depth == 0 or not self._sparse_rows() or not own_rows(self.model, "next_logprobs_above"):
+        if depth == 0 or not self._sparse_rows() or self._rows_above() is None:
             return False
         capped = self.branch_cap is not None and self.branch_cap < int(self.model.vocab_size)
         return not capped and not (self.eos is not None and depth + 1 == self.max_len)
@@ -692,10 +692,32 @@ class SeekIndex:
             return self._keep(ids, self._cut(ids, depth, self._forward(ids, depth)), budget)
         return self._store(self._expand_above(ids, depth, budget), int(self.model.vocab_size))
 
+    def _rows_above(self):
+        """The model's own ``next_logprobs_above`` (a table model of this package), or for a
+        prompted one (:class:`~jaxrescore.models.prompt.PromptedModel` itself, over such a base)
+        its base's with the prompt put before every prefix: the rows ``PromptedModel.next_logprobs``
+        computes, as that is one call of the base on the same tokens. None otherwise."""
+        model = self.model
+        if own_rows(model, "next_logprobs_above"):
+            return model.next_logprobs_above
+        from jaxrescore.models.prompt import PromptedModel, prepend
+
+        base = getattr(model, "base", None)
+        if type(model) is not PromptedModel or base is None or not own_rows(base, "next_logprobs_above"):
+            return None
+        if getattr(base, "prompt", None) is not None or callable(getattr(base, "decode_step", None)):
+            return None  # a base that is itself prompted, or decodes incrementally: its own rows
+
+        def above(prefixes, lengths, thresholds):
+            toks, lens = prepend(model.prompt, np.asarray(prefixes, np.int32), np.asarray(lengths, np.int32))
+            return base.next_logprobs_above(toks, lens, thresholds)
+
+        return above
+
     def _expand_above(self, ids: np.ndarray, depth: int, budget: int) -> RowChunk:
         """The sparse rows the model gives itself (``next_logprobs_above``) for the prefixes of
         nodes ``ids``: the cells a build up to ``budget`` keeps, and the bound on the rest."""
-        ptr, tok, val, rest = self.model.next_logprobs_above(
+        ptr, tok, val, rest = self._rows_above()(
             self._fixed_prefixes(ids, depth), np.full(ids.size, depth, np.int32), self._keep_threshold(ids, budget)
         )
         self._count_rows(ids.size, depth)
