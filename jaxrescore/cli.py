@@ -26,7 +26,9 @@ USAGE_ERROR = 2
 RUN_ERROR = 1
 # Kept here (not imported from jaxrescore.demo) so that building the parser imports nothing.
 TRAIN_STEPS = 7000
+TRAIN_MIN_STEPS = 3  # one step per learning-rate phase (jaxrescore.demo.TRAIN_PHASES)
 TRAIN_SEED = 0
+NO_CACHE_ENV = "JAXRESCORE_COMPILE_CACHE"
 DEFAULT_CORPUS_ORDER = 3
 
 
@@ -109,7 +111,9 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
 EPILOG = (
     "Log-probs are natural logs, in nats. Without a command: lists the commands, exit status 2. "
     "Exit status 2: bad arguments or files; 1: an error while running. Run 'jaxrescore COMMAND "
-    "--help' for a command's options."
+    "--help' for a command's options. Compiled programs are cached in "
+    "$XDG_CACHE_HOME/jaxrescore/jax (~/.cache/jaxrescore/jax), so a second run starts faster; "
+    f"{NO_CACHE_ENV}=0 turns the cache off, JAX_COMPILATION_CACHE_DIR=DIR puts it elsewhere."
 )
 
 
@@ -182,42 +186,48 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="retrain the demo's target transformer on the shipped names",
-        description="Retrain the demo target (same code as scripts/train_demo.py): 7000 adamw "
-        "steps of 256 names sampled by birth count, about 9 minutes on 2 CPU cores. The output "
-        "path is checked before training starts. Use the result with 'jaxrescore demo --target "
-        "PATH'.",
+        description="Retrain the demo target from scratch: 7000 adamw steps of 256 names sampled "
+        "by birth count in three learning-rate phases, about 9 minutes on 2 CPU cores, with one "
+        "progress bar and its time left on a terminal. The output path is checked before training "
+        "starts. Use the result with 'jaxrescore demo --target PATH'.",
         epilog=EPILOG,
     )
     p.add_argument(
         "--out", type=Path, default=None,
-        help="where to write the weights (default: $XDG_DATA_HOME/jaxrescore/names_target.npz, "
-        "i.e. ~/.local/share/jaxrescore/names_target.npz; never inside the installed package)",
+        help="where to write the weights, in a folder that exists (default: "
+        "$XDG_DATA_HOME/jaxrescore/names_target.npz, i.e. "
+        "~/.local/share/jaxrescore/names_target.npz, its folder created; never inside the "
+        "installed package)",
     )
     p.add_argument(
         "--force", action="store_true",
         help="allow --out to be the weights shipped inside the package (replaces the demo's target)",
     )
-    p.add_argument("--steps", type=_positive_int, default=TRAIN_STEPS)
-    p.add_argument("--seed", type=_non_negative_int, default=TRAIN_SEED)
+    p.add_argument(
+        "--steps", type=_int_at_least(TRAIN_MIN_STEPS, f"an integer >= {TRAIN_MIN_STEPS}"),
+        default=TRAIN_STEPS, metavar="N",
+        help=f"optimisation steps in all, at least {TRAIN_MIN_STEPS} (one per learning-rate phase; "
+        f"default {TRAIN_STEPS})",
+    )
+    p.add_argument(
+        "--seed", type=_non_negative_int, default=TRAIN_SEED, metavar="N",
+        help=f"initialisation and batch-sampling seed, an integer >= 0 (default {TRAIN_SEED}; the "
+        "same steps and seed give the same weights on one platform)",
+    )
     return parser
 
 
-def enable_compilation_cache() -> None:
-    """Persist compiled XLA programs across runs in a user cache dir: start-up drops from
-    compile-bound seconds to load-bound fractions on the second run. Respects a cache dir the user
-    already configured."""
-    import jax
+def enable_compilation_cache() -> str | None:
+    """Persist compiled XLA programs across runs in a user cache dir
+    (:func:`jaxrescore.compilation_cache.default_cache_dir`): start-up drops from compile-bound
+    seconds to load-bound fractions on the second run. Respects a cache dir the user already
+    configured (``JAX_COMPILATION_CACHE_DIR``); ``JAXRESCORE_COMPILE_CACHE=0`` turns it off. The
+    directory in use, or None."""
+    if os.environ.get(NO_CACHE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    from jaxrescore.compilation_cache import enable_compilation_cache as enable
 
-    if jax.config.jax_compilation_cache_dir:
-        return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "jaxrescore", "jax")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return  # a read-only home only costs compile time
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return enable()  # a read-only home only costs compile time (None)
 
 
 class Status:

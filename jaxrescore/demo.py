@@ -18,6 +18,7 @@ the output always says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
 from importlib import resources
@@ -76,13 +77,14 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def check_train_output(out: str | os.PathLike | None, *, force: bool = False) -> Path:
     """The path :func:`train_demo_target` will write, checked BEFORE any training (minutes of it):
-    not a folder, in a folder that exists or can be created and that is writable (probed with a
-    temporary file, removed at once), and not the weights shipped inside the package unless
-    ``force`` (overwriting them changes what ``jaxrescore demo`` runs for everyone using this
-    installation). DemoArgumentError naming the path otherwise.
+    not a folder, in a folder that exists (only the default path's folder is created: a typo in
+    a path given explicitly should not leave a tree of new folders behind) and that is writable
+    (probed with a temporary file, removed at once), and not the weights shipped inside the
+    package unless ``force`` (overwriting them changes what ``jaxrescore demo`` runs for everyone
+    using this installation). DemoArgumentError naming the path otherwise.
 
     Args:
-      out: the file to write; None: :func:`default_train_path`.
+      out: the file to write; None: :func:`default_train_path` (its folder created if missing).
       force: allow ``out`` to be the shipped weights file.
     """
     import tempfile
@@ -99,8 +101,15 @@ def check_train_output(out: str | os.PathLike | None, *, force: bool = False) ->
             "to overwrite it, or write elsewhere"
         )
     folder = path.parent
+    if out is not None and not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise DemoArgumentError(
+            f"cannot write {str(path)!r}: the folder {str(folder)!r} {what} (create it first; only "
+            "the default path's folder is created)"
+        )
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if out is None:
+            folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".jaxrescore-probe-", dir=folder)
         os.close(fd)
         os.remove(probe)
@@ -135,9 +144,10 @@ def train_demo_target(
       out: where to write (default: :func:`default_train_path`, a user path outside the package).
       steps: optimisation steps in all (batch 256, adamw, step-decayed learning rate).
       seed: initialisation and batch-sampling seed.
-      progress: show a tqdm bar per learning-rate phase.
-      force: allow ``out`` to be the weights shipped inside the package (see
-        ``scripts/train_demo.py``, which regenerates them).
+      progress: show one tqdm bar over all the steps (every learning-rate phase), with the
+        time left and the running loss.
+      force: allow ``out`` to be the weights shipped inside the package (the source
+        repository's ``scripts/train_demo.py`` regenerates them so).
     """
     from jaxrescore.models.checkpoint import save_model
     from jaxrescore.models.training import train_lm
@@ -151,15 +161,53 @@ def train_demo_target(
     seqs, counts = name_corpus()
     model = TransformerLM(target_config(), seed=seed)
     done = 0
-    for phase, (share, lr) in enumerate(TRAIN_PHASES):
-        n = steps - done if phase == len(TRAIN_PHASES) - 1 else max(1, int(share * steps))
-        train_lm(
-            model, seqs, weights=counts, steps=n, batch_size=TRAIN_BATCH, lr=lr,
-            seed=seed + phase, progress=progress,
-        )
-        done += n
+    with _one_bar(steps, progress) as shown:
+        for phase, (share, lr) in enumerate(TRAIN_PHASES):
+            n = steps - done if phase == len(TRAIN_PHASES) - 1 else max(1, int(share * steps))
+            train_lm(
+                model, seqs, weights=counts, steps=n, batch_size=TRAIN_BATCH, lr=lr,
+                seed=seed + phase, progress=shown,
+            )
+            done += n
     save_model(model, path, vocabulary=names_vocabulary())
     return path
+
+
+class _Steps:
+    """What ``train_lm`` takes for its per-call tqdm bar: iterates over its steps while moving the
+    one overall bar, and shows the running loss there."""
+
+    def __init__(self, bar, iterable):
+        self.bar, self.iterable = bar, iterable
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.bar.update(1)
+
+    def set_postfix(self, **kwargs):
+        self.bar.set_postfix(**kwargs)
+
+
+@contextlib.contextmanager
+def _one_bar(total: int, progress: bool):
+    """One tqdm bar over every phase's steps (time left included) while the phases train: the
+    bar ``train_lm`` would open per call is swapped for a view of this one. Yields the
+    ``progress`` flag to pass to ``train_lm`` (True only when the swap is in place)."""
+    from tqdm.auto import tqdm
+
+    from jaxrescore.models import training
+
+    if not progress or not hasattr(training, "tqdm"):
+        yield progress
+        return
+    with tqdm(total=total, desc="training the demo target", unit="step") as bar:
+        original = training.tqdm
+        training.tqdm = lambda iterable, **_: _Steps(bar, iterable)
+        try:
+            yield True
+        finally:
+            training.tqdm = original
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -197,6 +245,7 @@ def load_target(path: str | os.PathLike | None = None):
     path = shipped_target_path() if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no model file at {str(path)!r}")
+    _check_archive(path)
     try:
         model = load_model(path)
     except ValueError as e:
@@ -204,6 +253,25 @@ def load_target(path: str | os.PathLike | None = None):
     if model.vocabulary is None and _same_file(path, shipped_target_path()):
         model.vocabulary = names_vocabulary()
     return model
+
+
+def _check_archive(path: Path) -> None:
+    """A model file is an .npz (zip) archive: anything else is refused here in words, before numpy
+    reads it (its advice for non-archives is to allow pickles, which a model file never needs)."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return
+    try:
+        head.decode("utf-8")
+        kind = "a text file"
+    except UnicodeDecodeError as err:
+        kind = "a text file" if err.start > len(head) - 4 else "not an .npz archive"
+    hint = " (to fit an n-gram draft on a text corpus: jaxrescore enumerate --draft-corpus FILE)" if kind == "a text file" else ""
+    raise DemoArgumentError(
+        f"{str(path)!r} is not a jaxrescore model file: it is {kind}, and a model file is the .npz "
+        f"archive jaxrescore.models.save_model writes{hint}"
+    )
 
 
 class DemoArgumentError(ValueError):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,7 +109,9 @@ def test_demo_prefix(capsys):
         (["frobnicate"], "invalid choice"),
         (["enumerate", "--target", "/nonexistent.npz", "--draft", "/nonexistent.npz"], "no model file"),
         (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1,a"], "comma-separated"),
-        (["train", "--steps", "0"], "positive integer"),
+        (["train", "--steps", "0"], "integer >= 3"),
+        (["train", "--steps", "2"], "integer >= 3"),
+        (["train", "--seed", "-1"], "integer >= 0"),
         (["enumerate", "--target", "x", "--draft", "y", "--bits", "-1"], "bits must be"),
         (["enumerate", "--target", "x"], "one of the arguments --draft --draft-corpus is required"),
         (["enumerate", "--target", "x", "--draft", "y", "--draft-corpus", "z"], "not allowed with"),
@@ -246,6 +249,77 @@ def test_cli_and_demo_agree_on_training_defaults():
 
     assert (cli.TRAIN_STEPS, cli.TRAIN_SEED, cli.DEFAULT_CORPUS_ORDER) == (
         demo.TRAIN_STEPS, demo.TRAIN_SEED, demo.DEFAULT_CORPUS_ORDER)
+    assert cli.TRAIN_MIN_STEPS == len(demo.TRAIN_PHASES)
+
+
+def help_text(*argv) -> str:
+    from jaxrescore.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return (sub.choices[argv[0]] if argv else parser).format_help()
+
+
+def test_train_help_documents_steps_and_seed_with_their_minimums():
+    text = " ".join(help_text("train").split())
+    assert "--steps N optimisation steps in all, at least 3" in text and "default 7000" in text
+    assert "--seed N initialisation and batch-sampling seed, an integer >= 0" in text
+    assert "progress bar" in text
+
+
+def test_no_message_cites_a_file_of_the_source_repository():
+    """An installed package has no scripts/ folder: its help must not send anyone there."""
+    for argv in ((), ("demo",), ("enumerate",), ("train",)):
+        assert "scripts/" not in help_text(*argv), argv
+
+
+def test_help_says_where_the_compile_cache_lives_and_how_to_turn_it_off(monkeypatch):
+    from jaxrescore import cli
+
+    text = " ".join(help_text().split())
+    assert "~/.cache/jaxrescore/jax" in text and "JAXRESCORE_COMPILE_CACHE=0 turns the cache off" in text
+    monkeypatch.setenv("JAXRESCORE_COMPILE_CACHE", "0")
+    assert cli.enable_compilation_cache() is None
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "~/.cache/jaxrescore" in readme and "JAXRESCORE_COMPILE_CACHE=0" in readme
+
+
+def test_a_text_file_given_as_a_model_is_named_as_such(capsys, tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("mary\njohn\n")
+    for argv in (["enumerate", "--target", str(names), "--draft", str(names)], ["demo", "--target", str(names)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a text file" in err and "not a jaxrescore model file" in err, err
+        assert "pickle" not in err, err
+    binary = tmp_path / "noise.npz"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert main(["demo", "--target", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert "not an .npz archive" in err and "pickle" not in err, err
+
+
+def test_train_out_in_a_missing_folder_is_refused_and_creates_nothing(capsys, tmp_path):
+    missing = tmp_path / "no" / "such" / "dir"
+    assert main(["train", "--steps", "3", "--out", str(missing / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err and str(missing) in err, err
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.slow
+def test_training_shows_one_bar_over_every_phase(tmp_path, capsys):
+    """One tqdm bar with a total (so an ETA) over the three learning-rate phases, the running
+    loss on it; no per-phase bars."""
+    from jaxrescore.demo import train_demo_target
+    from jaxrescore.models import training
+
+    original = training.tqdm
+    path = train_demo_target(tmp_path / "t.npz", steps=6, progress=True)
+    assert path.exists() and training.tqdm is original
+    err = capsys.readouterr().err
+    assert err.count("training the demo target") >= 1 and "train_lm" not in err, err
+    assert "6/6" in err and "/6" in err.split("\r")[1] and "loss=" in err, err
 
 
 def test_demo_streams_the_answer_before_the_comparisons():
