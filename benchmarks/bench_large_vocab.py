@@ -6,7 +6,10 @@ each token prefers 8 successors of its own (60% of steps follow one of them, the
 from the Zipf unigram) — word-like statistics: a heavy head, a long tail, local structure. On it:
 ``NGramLM.fit`` at orders 3, 5 and 8 (fit time, the model's bytes), then a ``SeekIndex`` over the
 order-5 model grown to the requested number of sequences (``ensure_count``), with the sparse rows
-a wide vocabulary keeps by default. Each order runs in a FRESH subprocess, so its peak RSS (the
+a wide vocabulary keeps by default; and the one-line recipe's draft side with a prompt: a fresh
+``SeekIndex`` over the order-5 model prompted with a corpus sentence's first 5 tokens, asked for
+the first k + window = 57 sequences (``ensure_count(57)``, what ``top_k(25)`` with a 32-sequence
+window pulls first). Each measurement runs in a FRESH subprocess, so its peak RSS (the
 whole process: Python, numpy, JAX) is its own. ``whole rows`` is what the index would have held
 storing a float32[V] row per expanded prefix (the storage before sparse rows).
 
@@ -27,6 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 50257
 EOS = 0
 LIMIT_BYTES = 4 << 30  # issue 13: the draft and its index in under 4 GB
+PROMPT_TOKENS = 5  # issue 20: a prompted draft's first k + window sequences, in seconds
+PROMPTED_COUNT = 57
 
 
 def make_corpus(n_tokens: int, vocab: int = VOCAB, seed: int = 0) -> list[tuple[int, ...]]:
@@ -77,12 +82,21 @@ if {count}:
                whole_rows=index.forwards * 4 * VOCAB, peak=peak(), nodes=index._nodes.n)
     seqs, lps = index.unrank_batch([0, len(index) - 1])
     out.update(first=list(seqs[0]), first_lp=float(lps[0]), last_lp=float(lps[1]))
+if {prompted}:
+    prompt = next(s for s in corpus if len(s) > {prompt_tokens})[:{prompt_tokens}]
+    t = time.perf_counter()
+    index = SeekIndex(draft.with_prompt(prompt), progress=False)
+    index.ensure_count({prompted})
+    out.update(prompted_s=time.perf_counter() - t, prompted_n=len(index), prompted_rows=index.forwards,
+               prompted_bytes=index.nbytes, prompted_bits=index.built_bits, prompted_peak=peak(),
+               prompt=list(prompt))
 print(json.dumps(out))
 """
 
 
-def measure(tokens: int, order: int, count: int, timeout: float) -> dict:
-    return run_child(CHILD.format(here=HERE, tokens=tokens, order=order, count=count), timeout)
+def measure(tokens: int, order: int, count: int, timeout: float, prompted: int = 0) -> dict:
+    return run_child(CHILD.format(here=HERE, tokens=tokens, order=order, count=count, prompted=prompted,
+                                  prompt_tokens=PROMPT_TOKENS), timeout)
 
 
 def _mib(n: float) -> str:
@@ -94,6 +108,7 @@ def run(quick: bool = False, out_dir=None) -> str:
     count = 2_000 if quick else 100_000
     timeout = 300 if quick else 3000
     fits, index_row = [], None
+    prompted = measure(tokens, 5, 0, timeout, prompted=PROMPTED_COUNT)
     for order in (3, 5, 8):
         r = measure(tokens, order, count if order == 5 else 0, timeout)
         if "error" in r:
@@ -127,6 +142,22 @@ Each expanded prefix costs one next-token query of the n-gram model, which retur
 the index keeps and a bound on the rest (`NGramLM.next_logprobs_above`: candidates read off the
 unigram and each context's terms sorted by probability, never V cells). An EOS model's index
 expands every prefix within its budget: {r['rows'] / max(r['n'], 1):.1f} rows per indexed sequence here.
+"""
+    if "error" in prompted:
+        text += f"\nThe prompted order-5 draft's first {PROMPTED_COUNT} sequences: {prompted['error']}\n"
+    else:
+        r = prompted
+        ok = "yes" if r["prompted_peak"] < LIMIT_BYTES else "NO"
+        text += f"""
+The one-line recipe's draft side with a prompt (issue 20): a fresh `SeekIndex(draft.with_prompt(p))`
+(default arguments) over the order-5 draft, `p` the first {PROMPT_TOKENS} tokens of a corpus sentence,
+`ensure_count({PROMPTED_COUNT})` (the first k + window sequences of `top_k(25)` with a 32-sequence
+window), in its own fresh process. Growth by count deepens one whole bit a pass until the index
+holds {PROMPTED_COUNT}; the prompted n-gram hands over sparse rows (no V-wide row but the root's):
+
+{table(["sequences held", "built to", "time", "draft rows run", "index nbytes", "peak RSS", "under 4 GiB"],
+       [[f"{r['prompted_n']:,}", f"{r['prompted_bits']:g} bits", f"{r['prompted_s']:.1f} s", f"{r['prompted_rows']:,}",
+         f"{r['prompted_bytes'] / 2**10:,.0f} KiB", _mib(r["prompted_peak"]), ok]])}
 """
     return section("Large vocabulary: sparse n-gram tables and SeekIndex memory at V = 50,257", COMMAND, text)
 

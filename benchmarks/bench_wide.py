@@ -13,7 +13,6 @@ training takes about 3 minutes on 2 cores, --quick about 15 s.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -108,30 +107,17 @@ SLOW = 1.0
 VERY_SLOW = 10.0
 
 
-def grow_index(model, n: int, index: SeekIndex | None = None) -> SeekIndex:
-    """A SeekIndex over ``model`` (or ``index``, deepened further) holding >= ``n`` sequences,
-    deepened one bit at a time from 8 bits: the smallest whole-bit budget that holds them.
-    ``ensure_count(n)`` is not used: over these 309-word rows its size prediction either refuses
-    (IndexLimitError: predicted 1.7e10 nodes for 20,000 sequences of the 3-gram) or overshoots
-    (ensure_count(42) over the student built 197,166 sequences from 849,244 rows in 31 s)."""
-    index = SeekIndex(model, progress=False) if index is None else index
-    bits = max(8.0, index.built_bits)
-    while len(index) < n:
-        bits = float(np.floor(bits)) + 1.0
-        index.ensure_bits(bits)
-    return index
-
-
 def target_index_costs(counter: Counter, prompt: tuple, ks) -> dict:
-    """The exact-index cost: a SeekIndex over the target, grown one bit at a time; for each k,
-    the target's (calls, rows, positions), the seconds spent and the first k items when it first
-    holds k sequences (the same as a fresh ``grow_index(target, k)``: the steps are the same)."""
+    """The exact-index cost: a SeekIndex over the target, ``ensure_count(k)`` for each k in turn;
+    the target's (calls, rows, positions), the seconds spent and the first k items once it holds k
+    sequences (the same as a fresh ``SeekIndex(target).ensure_count(k)``: growth by count deepens
+    one whole bit a pass, so the passes are the same)."""
     out = {}
     index = SeekIndex(counter.with_prompt(prompt), progress=False)
     counter.reset()
     start = time.perf_counter()
     for k in sorted(ks):
-        grow_index(index.model, k, index)
+        index.ensure_count(k)
         out[k] = (counter.snapshot(), time.perf_counter() - start, [index.unrank(i) for i in range(k)])
     return out
 
@@ -160,8 +146,8 @@ def counted(counter: Counter, fn):
     return out, counter.snapshot()
 
 
-def measure_prompt(models, prompt: tuple, k: int, repeats: int, candidates: list, seek_costs: dict,
-                   indexes: dict) -> tuple[list, dict]:
+def measure_prompt(models, prompt: tuple, k: int, repeats: int, candidates: list, seek_costs: dict
+                   ) -> tuple[list, dict]:
     """Every method on one prompt at one k: ``(rows, extras)``; ``rows[0]`` is best-first, the
     exact answer. A row is a dict: method, cost (calls, rows, positions), seconds, runs, answer
     (``(sequence, log_prob)`` pairs), verdict (True/False, "exact", "-" or "refused")."""
@@ -199,18 +185,19 @@ def measure_prompt(models, prompt: tuple, k: int, repeats: int, candidates: list
 
     for name, draft in models["drafts"].items():
         d_p = draft.with_prompt(prompt)
-        t0 = time.perf_counter()
-        index = grow_index(d_p, k + WINDOW, indexes.get(name))
-        indexes[name] = index
-        extras[f"index {name}"] = (len(index), index.forwards, time.perf_counter() - t0)
-        log(f"index, {name} draft")
+        built = {}
 
         def prove():
+            # the one-line recipe: a fresh index (default arguments), grown by the query itself, so
+            # the draft index's growth is in the time and its size in the per-prompt table
+            index = built["index"] = SeekIndex(d_p, progress=False)
             ri = RescoredIndex(index, c_p, rerank_window=WINDOW, draft_model=d_p)
             return ri.top_k(k, prove=True)
 
         m = timed(lambda: counted(counter, prove), repeats)
         add(f"prove, {name} draft", m, m[0][0].items, m[0][0].proven, reason=m[0][0].proof_reason)
+        index = built["index"]
+        extras[f"index {name}"] = (len(index), index.forwards)
 
         counter.reset()
         est = estimate_top_gap(d_p, c_p, k, candidates)
@@ -227,9 +214,10 @@ def measure_prompt(models, prompt: tuple, k: int, repeats: int, candidates: list
         exact = rows[0]["answer"]
         excess = float(np.max([lp for _, lp in exact] - d_p.score_sequences([s for s, _ in exact])))
         try:
-            # The query deepens its draft index as it grows the pull: every run starts from a
-            # copy of the index as the proof found it, and that growth is in its time.
-            m = timed(lambda ix: counted(counter, lambda: certify(ix)), repeats, setup=lambda: copy.deepcopy(index))
+            # Every run starts from a fresh index, as the one-line recipe does; the index's growth
+            # (the query deepens it as it grows the pull) is in its time.
+            m = timed(lambda ix: counted(counter, lambda: certify(ix)), repeats,
+                      setup=lambda: SeekIndex(d_p, progress=False))
             add(f"certified, {name} draft", m, m[0][0].items, m[0][0].certified, reason=m[0][0].reason, gap=gap,
                 true_excess=excess)
         except IndexLimitError as err:
@@ -281,14 +269,15 @@ def corpus_candidates(setup, prompt: tuple, limit: int = 4096) -> list:
     return [c for c, _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))][:limit]
 
 
-def joint_prove(models, draft, indexes: list, prompts: list, k: int, repeats: int):
-    """``rescore_many(..., prove=True)``: every prompt's proof with one target call per round
-    (``indexes``: each prompt's draft index, already holding k + WINDOW sequences)."""
+def joint_prove(models, draft, prompts: list, k: int, repeats: int):
+    """``rescore_many(..., prove=True)``: every prompt's proof with one target call per round, each
+    over a fresh draft index (default arguments) that the queries grow."""
     counter = models["counter"]
 
     def run():
-        ris = [RescoredIndex(ix, counter.with_prompt(p), rerank_window=WINDOW, draft_model=draft.with_prompt(p))
-               for ix, p in zip(indexes, prompts)]
+        ris = [RescoredIndex(SeekIndex(draft.with_prompt(p), progress=False), counter.with_prompt(p),
+                             rerank_window=WINDOW, draft_model=draft.with_prompt(p))
+               for p in prompts]
         return rescore_many(ris, k, prove=True)
 
     return timed(lambda: counted(counter, run), repeats)
@@ -332,11 +321,10 @@ def measure_set(models, prompts_text: list, ks, repeats: int, started: float, jo
     lang = wide.language()
     setup = models["setup"]
     prompts = [lang.encode(p) for p in prompts_text]
-    seek_costs, indexes = {}, {}
+    seek_costs = {}
     for text, prompt in zip(prompts_text, prompts):
         seek_costs[prompt] = {k: (c[0], c[1], -2 if repeats else 0, c[2])
                               for k, c in target_index_costs(models["counter"], prompt, ks).items()}
-        indexes[prompt] = {}
         print(f"wide: SeekIndex(target) of {text!r} grown ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     summary, records, checks = [], [], []
     for k in ks:
@@ -344,7 +332,7 @@ def measure_set(models, prompts_text: list, ks, repeats: int, started: float, jo
         exacts = []
         for text, prompt in zip(prompts_text, prompts):
             rows, extras = measure_prompt(models, prompt, k, repeats, corpus_candidates(setup, prompt),
-                                          seek_costs[prompt], indexes[prompt])
+                                          seek_costs[prompt])
             exact = rows[0]["answer"]
             exacts.append(exact)
             for row in rows:
@@ -356,8 +344,7 @@ def measure_set(models, prompts_text: list, ks, repeats: int, started: float, jo
             print(f"wide: top-{k} of {text!r} measured ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         if joint:  # with the student draft (the 3-gram's would repeat its separate proofs' rows)
             for name, draft in [(n, d) for n, d in models["drafts"].items() if n == "student"]:
-                (results, cost), seconds, runs = joint_prove(
-                    models, draft, [indexes[p][name] for p in prompts], prompts, k, repeats)
+                (results, cost), seconds, runs = joint_prove(models, draft, prompts, k, repeats)
                 label = f"prove jointly (rescore_many), {name} draft"
                 for text, r, e in zip(prompts_text, results, exacts):
                     checks.append(dict(k=k, prompt=text, method=label, verdict=r.proven, agrees=agrees(r.items, e, k)))
@@ -514,8 +501,9 @@ sequences (its first k, in quantized order, are its answer); beam is `jaxrescore
 or sequences teacher-forced (plus full rows fetched); token positions are what those forwards
 compute (a prefix of n tokens without a cache: n + 1 with BOS; teacher-forcing n tokens: n; prompts
 included).
-Draft indexes are grown one bit at a time before the queries (their cost is the draft's, in the
-per-prompt table). Times: {runs_note}.
+Every query starts from a fresh `SeekIndex(draft)` (default arguments) and grows it as it pulls
+(`ensure_count`: one whole bit a pass, stopping once it holds what is asked): the draft index's
+growth is in each time, and its sequences / draft rows are in the per-prompt table. Times: {runs_note}.
 
 {table(header, main[0] + hard[0], "llrrrrlr")}
 

@@ -388,9 +388,9 @@ def _flat(vocab, length):
 
 
 def test_a_flat_wide_draft_stops_at_the_limit_with_a_clear_message():
-    # 4,096 tokens of 12 bits each: the 16.7M prefixes of two tokens are over 32 MiB at once
-    model = _flat(4096, 3)
-    index = SeekIndex(model, progress=False, max_bytes=32 << 20)
+    # 2,048 tokens of 11 bits each: the 4.2M prefixes of two tokens are over 8 MiB at once
+    model = _flat(2048, 3)
+    index = SeekIndex(model, progress=False, max_bytes=8 << 20)
     before = _state(index)
     for call, args, pattern in [
         (index.ensure_bits, (1000,), r"ensure_bits\(bits=1000\)"),
@@ -401,10 +401,10 @@ def test_a_flat_wide_draft_stops_at_the_limit_with_a_clear_message():
         assert "max_bytes" in str(err.value) and "raise max_bytes" in str(err.value)
         assert _state(index) == before  # one-pass requests leave the index as it was
     for n in (10, 2**40):
-        with pytest.raises(IndexLimitError, match=rf"ensure_count\(n={n:,}\).*max_bytes=33,554,432"):
+        with pytest.raises(IndexLimitError, match=rf"ensure_count\(n={n:,}\).*max_bytes=8,388,608"):
             index.ensure_count(n)
-        # the root's 4,096 children were built and kept (a pass that fitted); the next is refused
-        assert len(index) == 0 and index._nodes.n == 4097 and index.nbytes <= 32 << 20
+        # the root's 2,048 children were built and kept (a pass that fitted); the next is refused
+        assert len(index) == 0 and index._nodes.n == 2049 and index.nbytes <= 8 << 20
     assert index.truncated and index.bucket_bound(0) <= index.quantizer.edge(index._budget + 1, 3)
 
 

@@ -133,9 +133,11 @@ def default_max_bytes() -> int:
 class IndexLimitError(ValueError):
     """A SeekIndex deepening would pass ``max_nodes`` or ``max_bytes``.
 
-    Raised before the allocation that would pass the limit; the index is left as it was before the
-    call (queries within what is built keep working). The message names the request, the limit and
-    the size needed."""
+    Raised before the allocation that would pass the limit (or as soon as the cells kept by a
+    model call's rows pass it); the pass is undone whole, so the index stays consistent and keeps
+    answering within what it holds. Growth by count (``ensure_count``, ``slice``, ``threshold``)
+    keeps the passes that fitted before it; a one-pass request leaves the index as it was. The
+    message names the request, the limit, the size needed and what the index holds."""
 
 
 def _int_arg(value, name: str, *, minimum: int) -> int:
@@ -254,8 +256,9 @@ class SeekIndex:
         ``max_bytes``).
       max_bytes: the most bytes the index may hold, counted as ``NODE_BYTES`` (64) per node plus
         ``4 * V`` per kept next-token row; None means :func:`default_max_bytes` (2 GiB, or an
-        eighth of physical memory if less). A deepening that would pass either limit raises
-        :class:`IndexLimitError` before allocating and leaves the index as it was.
+        eighth of physical memory if less). A pass that would pass either limit raises
+        :class:`IndexLimitError` before allocating and is undone (growth by count keeps the
+        passes that fitted before it).
       decode_cache_bytes: for a model that decodes incrementally (a TransformerLM, its int8 twin,
         a ``from_apply_fn`` model with a cache-aware step, or a prompted one), the most bytes of
         key/value caches kept between levels (see :mod:`jaxrescore.models.decoding`): a prefix
