@@ -1,23 +1,35 @@
-"""The reliability battery (issue 10, "Done when"): random cases against brute force.
+"""The reliability battery (issues 10 and 19, "Done when"): random cases against brute force.
 
 A *case* is a JSON-ready dict describing a tiny draft/target pair and the queries to run on it
-(see :func:`case_strategy`): fixed-length and eos models, target shorter than its draft, random
-quantizers, dyadic rows whose steps sit exactly on bucket edges, ties (uniform rows, equal
-entries), -inf and huge-negative steps (-5e17, -1e30, near float32's minimum), float32 rows
-(every model here returns float32 rows, the batched form with the 1e-3 float32 tolerance),
-positive-noise steps (up to 5e-6 above 0), branch_cap, budget caps (max_depth_bits,
-initial_bits), prompts, sweeps, saved-and-loaded indexes and queries from several threads.
+(see :func:`case_strategy`): fixed-length and eos models, random quantizers, dyadic rows whose
+steps sit exactly on bucket edges, ties (uniform rows, equal entries), -inf and huge-negative
+steps (-5e17, -1e30, near float32's minimum), float32 rows (every model here returns float32
+rows, the batched form with the 1e-3 float32 tolerance), positive-noise steps (up to 5e-6 above
+0), branch_cap, budget caps (max_depth_bits, initial_bits), prompts, sweeps, saved-and-loaded
+indexes, queries from several threads, and (issue 19) drafts that differ from their target:
+longer or shorter, another eos (none, another id, an eos draft of a fixed-length target), one
+token wider (the target declares its own vocabulary, declares the draft's with no mass on the
+extra token, or is a per-prefix function whose vocabulary is inferred), ``top_m`` below V,
+every index kind (SeekIndex, AREnvelopeIndex, tests/brute.py's BruteIndex with a bucket bound
+and in the reference library's shape without one), with or without a draft model to complete
+with, ``rescore_many`` over one index per prompt, and objects reused across queries.
+:func:`mismatched_strategy` forces every case into at least one of issue 19's families.
 
-What is checked, for every query (plain, ``prove=True``, ``until_certified=True``, sweeps):
+What is checked, for every query (plain, ``prove=True``, ``until_certified=True``, sweeps,
+``rescore_many``, threads):
 
 - ``proven is True`` only on the target's exact slice over its WHOLE support, tie-aware: the
   returned scores equal the true ranks' scores and every item is a distinct support sequence
   with the score the target model itself gives it (its own float32 rows, summed in float64);
 - ``certified is True`` only on that exact slice, whenever ``assumed_gap`` is a TRUE one-sided
   gap (at least ``max(target - draft)`` over the support, ``+inf`` when the target gives mass
-  to a sequence the draft rules out: then no gap is true and no claim is checked), and never
-  while the result's own ``excess`` refutes the gap;
-- items are target-exact and sorted; a proving search on these supports always proves.
+  to a sequence the draft rules out: then no gap is true and no claim is checked), never while
+  the result's own ``excess`` refutes the gap, and never when a sequence the target scored for
+  that object (in that call or earlier; see :class:`Evidence`) refutes it: its TRUE
+  ``target - draft`` (+inf for a finite target score the draft rules out) above
+  ``assumed_gap`` + the target's score tolerance. Gaps below the truth ("half") exercise it;
+- items are target-exact and sorted; a proving search on these supports (at most a few hundred
+  sequences) always proves.
 
 Cases that ever failed live in ``tests/corpus/*.json`` and are replayed first (a case with an
 ``"xfail"`` entry pins a known defect outside this battery's files: it must keep failing until
@@ -25,7 +37,7 @@ fixed, then the entry is removed). A failing hypothesis case is written there au
 (``JAXRESCORE_CORPUS`` overrides the folder). Each test reports how many cases and queries it
 ran on stdout and as the ``battery`` user property (conftest prints them in the summary).
 CI draws the same cases every run; ``JAXRESCORE_BATTERY_EXPLORE=1`` draws new ones and
-``JAXRESCORE_BATTERY_EXAMPLES`` / ``..._SPECIAL`` set how many.
+``JAXRESCORE_BATTERY_EXAMPLES`` / ``..._SPECIAL`` / ``..._MISMATCH`` set how many.
 """
 
 from __future__ import annotations
@@ -507,8 +519,11 @@ def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
             for t in threads:
                 t.join()
         assert not errors, errors
-        for i, start, k, _ in jobs:
+        finite = sum(1 for v in truth.values() if v > -math.inf)
+        for i, start, k, prove in jobs:
             r, seen = results[i]
+            if prove and start + k <= finite:
+                assert r.proven is True, f"case {case.get('name')} thread {i}: the search did not prove: {r.proof_reason}"
             check_result(r, truth, start, k, shared.assumed_gap, excess, tolerance,
                          f"case {case.get('name')} thread {i}", stats, evidence=seen)
 
