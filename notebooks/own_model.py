@@ -14,12 +14,14 @@
 # ---
 
 # %% tags=["skip-execution"]
-# jaxrescore is not on PyPI: install it from its source. JAXRESCORE_SOURCE is one of
-#  - the source archive, uploaded to this session's files (in Colab: the folder icon, then upload).
-#    Make it in a checkout: git archive --format=tar.gz --prefix=jaxrescore/ -o jaxrescore.tar.gz HEAD
-#  - a git URL of a copy you can reach: "git+https://<host>/<owner>/jaxrescore.git"
-#  - the path of a checkout on this machine
-JAXRESCORE_SOURCE = "jaxrescore.tar.gz"
+# Install jaxrescore (not on PyPI). Set JAXRESCORE_SOURCE to ONE of:
+#  - the wheel: in a checkout run `python -m pip install build && python -m build --wheel`, then
+#    upload dist/jaxrescore-0.1.0-py3-none-any.whl to this session's files (in Colab: the folder
+#    icon, then upload) and keep the name below;
+#  - a git URL of a copy you can reach, e.g. "git+https://github.com/<owner>/jaxrescore.git"
+#    (append "@<tag or commit>" to pin a version).
+# The cell is skipped when the notebooks are tested; in a checkout, `pip install -e .` instead.
+JAXRESCORE_SOURCE = "jaxrescore-0.1.0-py3-none-any.whl"
 # %pip install {JAXRESCORE_SOURCE}
 
 # %% [markdown]
