@@ -523,7 +523,7 @@ def run_case(case: dict, stats: Stats, tmp: Path | None = None) -> None:
         for i, start, k, prove in jobs:
             r, seen = results[i]
             if prove and start + k <= finite:
-                assert r.proven is True, f"case {case.get('name')} thread {i}: the search did not prove: {r.proof_reason}"
+                assert r.proven is True, f"case {case.get('name')} thread {i}: did not prove: {r.proof_reason}"
             check_result(r, truth, start, k, shared.assumed_gap, excess, tolerance,
                          f"case {case.get('name')} thread {i}", stats, evidence=seen)
 

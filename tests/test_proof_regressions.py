@@ -200,10 +200,11 @@ def test_prove_reaches_a_proof_when_every_exit_is_minus_inf():
               (1,): [-math.inf, -math.inf, 0.0], (2,): [-0.007, -math.inf, -4.957]}
     d_rows = {(): [-1.126, -3.143, -0.458], (0,): [-0.047, -4.384, -3.411], (1,): [-math.inf, -math.inf, 0.0],
               (2,): [-3.258, -0.659, -0.811]}
-    norm = {p: np.asarray(r) - np.logaddexp.reduce(np.asarray(r)) for p, r in {**t_rows}.items()}
-    dnorm = {p: np.asarray(r) - np.logaddexp.reduce(np.asarray(r)) for p, r in d_rows.items()}
-    target = CallableModel(table_fn(norm, V), vocab_size=V, max_len=2)
-    draft = CallableModel(table_fn(dnorm, V), vocab_size=V, max_len=2)
+    def normalised(rows):
+        return {p: np.asarray(r) - np.logaddexp.reduce(np.asarray(r)) for p, r in rows.items()}
+
+    target = CallableModel(table_fn(normalised(t_rows), V), vocab_size=V, max_len=2)
+    draft = CallableModel(table_fn(normalised(d_rows), V), vocab_size=V, max_len=2)
     truth = support_scores(target, V, 2)
     assert list(truth) == [(0, 0)]
     for window in (0, 1, 20):
@@ -240,7 +241,8 @@ def test_prove_reaches_a_proof_on_small_supports_with_minus_inf_steps():
             for k in (1, 3):
                 if k > len(truth):
                     continue
-                r = RescoredIndex(SeekIndex(d_model, progress=False), t_model, rerank_window=window).top_k(k, prove=True)
+                ri = RescoredIndex(SeekIndex(d_model, progress=False), t_model, rerank_window=window)
+                r = ri.top_k(k, prove=True)
                 if r.proven is not True:
                     failures.append((seed, V, L, eos, window, k, r.proof_reason))
                 else:
