@@ -114,6 +114,8 @@ DENSE_ROW_VOCAB = 1024
 # draft's index passed 3.3 GB of RSS before 100,000 sequences), for deepenings of a few bits.
 KEEP_MARGIN_BITS = 8.0
 ROW_STORAGE = ("auto", "dense", "sparse")
+# Kept row chunks of one kind (whole or sparse) left unmerged after a pass (see _compact_rows).
+COMPACT_CHUNKS = 16
 # The least bytes of a kept sparse row: its CSR offset (8) and its bound on the cells left out (4).
 SPARSE_ROW_BYTES = 12
 
@@ -999,16 +1001,20 @@ class SeekIndex:
         self._chunks = merged
 
     def _compact_rows(self) -> None:
-        """Merge the kept row chunks geometrically, per kind: a chunk is merged into the one before
-        it while that one is at most twice its size. A few dozen chunks stay (logarithmically
-        many in the rows kept), and each row is copied a logarithmic number of times over the
+        """Merge the kept row chunks of each kind once there are more than ``COMPACT_CHUNKS``:
+        a chunk is merged into the one before it while that one is no larger (a binary counter),
+        so a few dozen chunks stay and each row is copied a logarithmic number of times over the
         index's life, not once per pass."""
         merged = []
         for sparse in (False, True):
+            same = [c for c in self._chunks if c.sparse == sparse and c.size]
+            if len(same) <= COMPACT_CHUNKS:
+                merged.extend(same)
+                continue
             stack: list[RowChunk] = []
-            for chunk in (c for c in self._chunks if c.sparse == sparse and c.size):
+            for chunk in same:
                 stack.append(chunk)
-                while len(stack) > 1 and stack[-2].size <= 2 * stack[-1].size:
+                while len(stack) > 1 and stack[-2].size <= stack[-1].size:
                     top = stack.pop()
                     stack[-1] = RowChunk.concat([stack[-1], top])
             merged.extend(stack)
