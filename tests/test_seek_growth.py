@@ -21,33 +21,18 @@ from jaxrescore.index import seek as seek_mod
 from jaxrescore.index.seek import IndexLimitError, SeekIndex
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.ngram import NGramLM
-
-
-class TableFn:
-    """Batched next-token tables ``table[depth, previous token]`` (``depth_only``: one table per
-    depth whatever the prefix, a "flat" draft family)."""
-
-    def __init__(self, vocab, length, seed, *, scale=1.5, depth_only=False, eos=None):
-        rng = np.random.default_rng(seed)
-        logits = rng.normal(size=(length, vocab + 1, vocab)) * scale
-        if depth_only:
-            logits[:] = logits[:, :1]
-        if eos is not None:
-            logits[:, :, eos] -= 1.0  # sentences of a few tokens
-        logits -= logits.max(axis=-1, keepdims=True)
-        self.table = (logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))).astype(np.float32)
-        self.vocab, self.length = vocab, length
-
-    def __call__(self, prefixes, lengths):
-        prefixes, lengths = np.asarray(prefixes), np.asarray(lengths)
-        prev = prefixes[np.arange(lengths.size), np.maximum(lengths - 1, 0)]
-        prev = np.where(lengths > 0, prev, self.vocab)
-        return self.table[np.minimum(lengths, self.length - 1), prev]
+from test_seek_reliability import TableFn, _log_softmax
 
 
 def table_model(vocab, length, seed, *, eos=None, **kw):
-    return CallableModel(TableFn(vocab, length, seed, eos=eos, **kw), vocab_size=vocab, max_len=length, eos=eos,
-                         batched=True)
+    """tests/test_seek_reliability.py's random tables; with ``eos``, EOS made a nat less likely
+    (sentences of a few tokens)."""
+    fn = TableFn(vocab, length, seed, **kw)
+    if eos is not None:
+        table = fn.table.astype(np.float64)
+        table[..., eos] -= 1.0
+        fn.table = _log_softmax(table).astype(np.float32)
+    return CallableModel(fn, vocab_size=vocab, max_len=length, eos=eos, batched=True)
 
 
 def ngram_model(vocab, seed, *, prompt=(), order=3, sentences=400):
