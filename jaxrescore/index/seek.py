@@ -104,6 +104,9 @@ ROW_CELLS = 1 << 24
 # most one step's worth of sequences past what was asked. Passes cost what they admit (the kept
 # rows remember their frontier), so small steps are cheap; a whole bit is the reference grid.
 GROWTH_STEP_BITS = 1.0
+# ... and a pass goes a smaller part of a step (at least 1 / MAX_SUBSTEPS of it) when the growth
+# measured by the last pass says n is reached sooner.
+MAX_SUBSTEPS = 4
 # Ranks at or beyond this never fit any index (int64 positions).
 _MAX_RANK = 1 << 62
 # row_storage="auto" keeps whole rows up to this vocabulary, sparse rows beyond (see rows.py).
@@ -518,16 +521,25 @@ class SeekIndex:
         """Deepen pass by pass until ``n`` sequences are held (or nothing more can be)."""
         n = min(n, _MAX_RANK)  # no index holds more: larger requests mean "as many as there are"
         while self._can_deepen(n):
-            self._grow_fitting(self._next_step(), request)
+            self._grow_fitting(self._next_step(n), request)
 
-    def _next_step(self) -> int:
-        """The budget of the next pass of growth by count: the next multiple of
-        ``GROWTH_STEP_BITS`` beyond the budget built, or the first bucket holding a child when
-        that is further (no empty passes), within ``max_depth_bits``."""
-        q = self.quantizer
+    def _next_step(self, n: int) -> int:
+        """The budget of the next pass of growth by count towards ``n`` sequences: the next
+        multiple of ``GROWTH_STEP_BITS`` beyond the budget built, or less when the growth MEASURED
+        by the last pass reaches ``n`` sooner (never less than ``1 / MAX_SUBSTEPS`` of a step, so
+        at most that many passes a step), or the first bucket holding a child when that is
+        further (no empty passes); within ``max_depth_bits``. It never passes the next whole
+        step, so the index ends at or below the whole-step budget that holds ``n``."""
+        q, b = self.quantizer, self._budget
         step = max(GROWTH_STEP_BITS, 1.0 / q.scale)
-        bits = (math.floor(self._budget / q.scale / step + 1e-9) + 1) * step
-        return min(max(q.budget(bits), self._budget + 1, self._frontier_min), self._max_budget)
+        target = q.budget((math.floor(b / q.scale / step + 1e-9) + 1) * step)
+        seen = getattr(self, "_measured", None)  # (budget, sequences) before the last pass
+        if seen is not None and 0 < seen[1] < len(self) < n and seen[0] < b:
+            per_bucket = math.log(len(self) / seen[1]) / (b - seen[0])
+            reach = b + math.ceil(math.log(n / len(self)) / per_bucket)
+            least = b + max(1, math.ceil(step * q.scale / MAX_SUBSTEPS))
+            target = min(target, max(reach, least))
+        return min(max(target, b + 1, self._frontier_min), self._max_budget)
 
     def _grow_fitting(self, target: int, request: str) -> None:
         """One pass to ``target``; if it would pass a limit, retry halfway back (never below the
@@ -595,6 +607,7 @@ class SeekIndex:
         names = ("_budget", "_frontier_min", "_cut_min", "_length_cut_min", "_dropped", "forwards", "builds", "positions",
                  "_root_row", "_seq_id", "_seq_fb", "_seq_lp", "_n_rows", "_width")
         state = {name: getattr(self, name) for name in names}
+        state["_measured"] = getattr(self, "_measured", None)
         state["n_nodes"] = self._nodes.n
         state["_chunks"] = list(self._chunks)  # chunks are replaced, never changed in place
         return state
@@ -612,6 +625,7 @@ class SeekIndex:
         """One build pass, all or nothing: a model error or a limit midway leaves the index as it was."""
         saved = self._snapshot()
         self._request, self._pass_budget = request, budget
+        before = (self._budget, len(self))
         try:
             self._grow_pass(budget)
             self._compact_rows()
@@ -619,6 +633,7 @@ class SeekIndex:
         except BaseException:
             self._restore(saved)
             raise
+        self._measured = before  # with the index as built now: the growth measured by this pass
 
     def _grow_pass(self, budget: int) -> None:
         """Admit every child with bucket in (old budget, budget], level by level."""
