@@ -152,8 +152,8 @@ expands every prefix within its budget: {r['rows'] / max(r['n'], 1):.1f} rows pe
 The one-line recipe's draft side with a prompt (issue 20): a fresh `SeekIndex(draft.with_prompt(p))`
 (default arguments) over the order-5 draft, `p` the first {PROMPT_TOKENS} tokens of a corpus sentence,
 `ensure_count({PROMPTED_COUNT})` (the first k + window sequences of `top_k(25)` with a 32-sequence
-window), in its own fresh process. Growth by count deepens one whole bit a pass until the index
-holds {PROMPTED_COUNT}; the prompted n-gram hands over sparse rows (no V-wide row but the root's):
+window), in its own fresh process. Growth by count deepens at most one whole bit a pass until the
+index holds {PROMPTED_COUNT}; the prompted n-gram hands over sparse rows (no V-wide row but the root's):
 
 {table(["sequences held", "built to", "time", "draft rows run", "index nbytes", "peak RSS", "under 4 GiB"],
        [[f"{r['prompted_n']:,}", f"{r['prompted_bits']:g} bits", f"{r['prompted_s']:.1f} s", f"{r['prompted_rows']:,}",

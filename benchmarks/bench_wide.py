@@ -108,10 +108,9 @@ VERY_SLOW = 10.0
 
 
 def target_index_costs(counter: Counter, prompt: tuple, ks) -> dict:
-    """The exact-index cost: a SeekIndex over the target, ``ensure_count(k)`` for each k in turn;
-    the target's (calls, rows, positions), the seconds spent and the first k items once it holds k
-    sequences (the same as a fresh ``SeekIndex(target).ensure_count(k)``: growth by count deepens
-    one whole bit a pass, so the passes are the same)."""
+    """The exact-index cost: a SeekIndex over the target, ``ensure_count(k)`` for each k in turn (one
+    index grown call after call, as a user asking for more would); the target's (calls, rows,
+    positions), the seconds spent and the first k items once it holds k sequences."""
     out = {}
     index = SeekIndex(counter.with_prompt(prompt), progress=False)
     counter.reset()
@@ -502,7 +501,7 @@ or sequences teacher-forced (plus full rows fetched); token positions are what t
 compute (a prefix of n tokens without a cache: n + 1 with BOS; teacher-forcing n tokens: n; prompts
 included).
 Every query starts from a fresh `SeekIndex(draft)` (default arguments) and grows it as it pulls
-(`ensure_count`: one whole bit a pass, stopping once it holds what is asked): the draft index's
+(`ensure_count`: at most one whole bit a pass, stopping once it holds what is asked): the draft index's
 growth is in each time, and its sequences / draft rows are in the per-prompt table. Times: {runs_note}.
 
 {table(header, main[0] + hard[0], "llrrrrlr")}

@@ -21,9 +21,10 @@ then sorted by (bucket, position). Counts are int64: every counted sequence is o
 holds within ``max_bytes``, so no count can come near 2**63.
 
 Growth. :meth:`SeekIndex.ensure_count` grows by measurement, never by a guess: it deepens pass by
-pass, each pass to the next whole bit beyond the budget built (``GROWTH_STEP_BITS``; straight to the
-first bucket holding a child when that is further), and stops as soon as the index HOLDS ``n``
-sequences. Each pass admits, best-first in the index's order, exactly the prefixes between the two
+pass, each pass at most to the next whole bit beyond the budget built (``GROWTH_STEP_BITS``), less
+(down to a quarter bit, ``MAX_SUBSTEPS``) when the growth the last pass measured reaches ``n``
+sooner, straight to the first bucket holding a child when that is further, and stops as soon as
+the index HOLDS ``n`` sequences. Each pass admits, best-first in the index's order, exactly the prefixes between the two
 budgets. So the index ends at a budget no larger than the smallest whole-bit budget (counted from
 the one built at the call) whose sequences number ``n`` or more: it holds no more sequences, and
 expands no prefix, that a one-bit-at-a-time growth would not; the overshoot is at most the last
@@ -496,8 +497,8 @@ class SeekIndex:
     @_locked
     def ensure_count(self, n: int) -> "SeekIndex":
         """Deepen until ``len(self) >= n``, the support is exhausted or ``max_depth_bits`` is
-        reached, one whole bit a pass (see "Growth" in the module docstring): the index ends at
-        the smallest such budget that holds ``n``. IndexLimitError if a pass would pass
+        reached, at most one whole bit a pass (see "Growth" in the module docstring): the index
+        ends at or below the smallest whole-bit budget that holds ``n``. IndexLimitError if a pass would pass
         ``max_nodes``/``max_bytes`` even one bucket deep; the passes that fitted are kept and the
         index keeps answering from them."""
         n = _int_arg(n, "n", minimum=0)
