@@ -260,7 +260,7 @@ class SeekIndex:
       chunk_rows: prefixes per ``next_logprobs`` call.
       max_nodes: the most prefix-tree nodes the index may hold (None: no node limit besides
         ``max_bytes``).
-      max_bytes: the most bytes the index may hold, counted as ``NODE_BYTES`` (64) per node plus
+      max_bytes: the most bytes the index may hold, counted as ``NODE_BYTES`` (72) per node plus
         ``4 * V`` per kept next-token row; None means :func:`default_max_bytes` (2 GiB, or an
         eighth of physical memory if less). A pass that would pass either limit raises
         :class:`IndexLimitError` before allocating and is undone (growth by count keeps the
@@ -498,9 +498,9 @@ class SeekIndex:
     def ensure_count(self, n: int) -> "SeekIndex":
         """Deepen until ``len(self) >= n``, the support is exhausted or ``max_depth_bits`` is
         reached, at most one whole bit a pass (see "Growth" in the module docstring): the index
-        ends at or below the smallest whole-bit budget that holds ``n``. IndexLimitError if a pass would pass
-        ``max_nodes``/``max_bytes`` even one bucket deep; the passes that fitted are kept and the
-        index keeps answering from them."""
+        ends at or below the smallest whole-bit budget that holds ``n``. IndexLimitError if a
+        pass would pass ``max_nodes``/``max_bytes`` even one bucket deep; the passes that fitted
+        are kept and the index keeps answering from them."""
         n = _int_arg(n, "n", minimum=0)
         with self._atomic(keep_limited=True):
             self._deepen_for_count(n, f"ensure_count(n={_show(n)})")
