@@ -112,3 +112,13 @@ def test_a_draft_with_a_larger_vocabulary_proves_over_the_target_support(prove):
         assert r.proven is True
     if r.proven:
         assert np.allclose([lp for _, lp in r.items], truth, atol=1e-9)
+
+
+def test_a_prompt_on_an_inferred_vocabulary_before_its_first_call():
+    fn = _table(4, 12)
+    target = CallableModel(fn, max_len=3)
+    draft = CallableModel(fn, max_len=3)
+    r = RescoredIndex(SeekIndex(draft.with_prompt([2])), target.with_prompt([2])).top_k(3, prove=True)
+    assert r.proven is True and target.vocab_size == 4
+    with pytest.raises(ValueError, match="prompt tokens"):
+        CallableModel(fn, max_len=3).with_prompt([-1])

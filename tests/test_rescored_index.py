@@ -1,5 +1,6 @@
 """RescoredIndex against brute force: every sentence of the spec's contract on listable models."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -349,7 +350,8 @@ def test_sweep_equals_fresh_indexes_with_one_pull_and_one_call():
         # as a fresh index asked after the sweep's widest pull.
         fresh = RescoredIndex(BruteIndex(draft), target, rerank_window=w, assumed_gap=g)
         fresh.slice(0, widest - w)
-        assert got == fresh.slice(s, k)
+        # Costs differ by design: a swept result reports its whole call's positions.
+        assert dataclasses.replace(got, positions=0) == dataclasses.replace(fresh.slice(s, k), positions=0)
 
 
 def test_sweep_never_certifies_against_a_sequence_scored_in_its_own_call():

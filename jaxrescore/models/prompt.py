@@ -40,9 +40,12 @@ def check_prompt(base, prompt) -> tuple[int, ...]:
             f"{arr.shape}; floats and bools are not cast"
         )
     toks = tuple(int(t) for t in arr.reshape(-1))
-    bad = [t for t in toks if not 0 <= t < base.vocab_size]
+    # An inferred vocabulary (a CallableModel without vocab_size) grows with the tables it sees:
+    # before its first call any non-negative id may still be one of its tokens.
+    limit = None if getattr(base, "vocab_inferred", False) else int(base.vocab_size)
+    bad = [t for t in toks if t < 0 or limit is not None and t >= limit]
     if bad:
-        raise ValueError(f"prompt tokens must lie in [0, {base.vocab_size}), got {bad}")
+        raise ValueError(f"prompt tokens must lie in [0, {limit if limit is not None else 'inf'}), got {bad}")
     if len(toks) >= base.max_len:
         raise ValueError(
             f"prompt of length {len(toks)} leaves no room under max_len={base.max_len}"

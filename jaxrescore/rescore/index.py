@@ -151,6 +151,7 @@ class RescoredIndex:
         self._draft_model_arg = draft_model
         self.draft_model = completion_model(draft_index, draft_model, target)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
+        self._positions = 0
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -179,6 +180,11 @@ class RescoredIndex:
     def target_calls(self) -> int:
         """Batched target calls made so far (scoring rounds and full-row fetches)."""
         return int(self._carry.calls)
+
+    @property
+    def target_positions(self) -> int:
+        """Token positions the target computed so far (every full forward counts its prompt)."""
+        return self._positions
 
     @property
     def target_sequences(self) -> int:
@@ -304,6 +310,7 @@ class RescoredIndex:
             self._carry.sequences + scored.sequences,
             self._carry.calls + scored.calls,
         )
+        self._positions += scored.positions
         if proofs is None:
             fronts: dict = {}
             proofs = []
@@ -367,6 +374,7 @@ class RescoredIndex:
             proof_reason=proof.reason,
             rounds=rounds,
             texts=self._texts(items),
+            positions=scored.positions,
         )
 
     def _texts(self, items: list) -> list | None:
@@ -424,11 +432,12 @@ class RescoredIndex:
             rounds += 1
         return pull, rounds
 
-    def _complete(self, prefixes: list) -> list:
-        """Speculated completions of exit prefixes (draft greedy; the target when no draft model)."""
+    def _complete(self, prefixes: list, values=None, floor: float = -math.inf) -> list:
+        """Speculated completions of exit prefixes (draft greedy; the target when no draft
+        model), each stopped where its estimate falls below ``floor`` (see greedy_complete)."""
         structure = target_structure(self.target)
         model = self.draft_model if self.draft_model is not None else self.target
-        return greedy_complete(model, prefixes, structure, self.completion_branch)
+        return greedy_complete(model, prefixes, structure, self.completion_branch, values, floor)
 
     def _draft_scores(self, seqs: list) -> np.ndarray:
         """The draft's log-probs ``float64[N]`` of sequences the search found: ``-inf`` for one

@@ -120,11 +120,12 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
     """The speculative exact search for every index at once: per round, each unproven index's new
     sequences, scored together in ONE call. Updates ``rounds`` in place; returns the proofs."""
     proofs = [None] * len(indexes)
+    widths = [None] * len(indexes)
     live = list(range(len(indexes)))
     while live:
         new = {}
         for i in live:
-            proofs[i], more = next_round(sets[i], 0, k, indexes[i]._complete, budget, rounds[i])
+            proofs[i], more, widths[i] = next_round(sets[i], 0, k, indexes[i]._complete, budget, rounds[i], widths[i])
             if more is not None:
                 new[i] = more
         live = list(new)

@@ -47,6 +47,8 @@ class RescoreResult:
       proof_reason: why ``proven`` is what it is, in words.
       rounds: target scoring rounds this query made (1 unless ``prove`` or ``until_certified``
         searched further); every round is one batched target call.
+      positions: token positions the target computed for this query (see
+        :attr:`~jaxrescore.rescore.RescoredIndex.target_positions`).
       texts: each item's sequence as text after the target's prompt, if any (``eos`` left out),
         aligned with ``items``, when the target has a vocabulary or a tokenizer (see
         :mod:`jaxrescore.models.text`); else None.
@@ -68,6 +70,7 @@ class RescoreResult:
     proof_reason: str = ""
     rounds: int = 1
     texts: list | None = None
+    positions: int = 0
 
     def __repr__(self) -> str:
         best = ""

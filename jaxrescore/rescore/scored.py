@@ -139,6 +139,8 @@ class ScoredSet:
       proves: whether the target gave distributions (``score_frontier``): only then is a frontier
         bound available.
       calls, sequences: target calls made and sequences (or prefix rows) evaluated by this set.
+      positions: token positions those calls computed (a full forward each: the prompt's
+        positions counted in every row, a fetched row after ``n`` tokens ``n + 1``).
     """
 
     def __init__(self, target: Any, score, top_m: int = DEFAULT_TOP_M, draft_scores=None):
@@ -161,6 +163,8 @@ class ScoredSet:
         self._cache: ScoredArrays | None = None
         self.calls = 0
         self.sequences = 0
+        self.positions = 0
+        self._prompt = len(getattr(target, "prompt", ()) or ())
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -240,6 +244,7 @@ class ScoredSet:
         scores, block = scored
         evidence = self._view_evidence(seqs, block)  # before any change: it may raise
         self.sequences += len(seqs)
+        self.positions += sum(self._prompt + len(r) for r in (seqs if block is None else block[0]))
         if evidence is not None:
             self._evidence.append(evidence)
         self._adds.append(len(self.seqs))
@@ -269,6 +274,7 @@ class ScoredSet:
             raise ValueError(f"target.next_logprobs returned {rows.shape} rows (or NaN) for {len(prefixes)} prefixes")
         self.calls += 1
         self.sequences += len(prefixes)
+        self.positions += sum(self._prompt + len(p) + 1 for p in prefixes)
         for p, r in zip(prefixes, rows):
             self.rows[p] = np.minimum(r, 0.0)
         self._cache = None
