@@ -35,6 +35,7 @@ _EXPORTS = {
     "from_apply_fn": "jaxrescore.models",
     "from_equinox": "jaxrescore.models",
     "from_linen": "jaxrescore.models",
+    "from_nnx": "jaxrescore.models",
     "init_carry": "jaxrescore.rescore",
     "load_model": "jaxrescore.models",
     "quantize_int8": "jaxrescore.models",
