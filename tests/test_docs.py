@@ -232,6 +232,11 @@ model = EqxLM(jax.random.PRNGKey(1))
 rng = np.random.default_rng(0)
 corpus = [tuple(int(t) for t in rng.integers(1, V, size=rng.integers(1, 6))) + (0,) for _ in range(64)]
 """,
+    # the checkpoint folders a reader keeps: tiny random GPT-2s in the exact Hugging Face layout
+    'from_pretrained("./gpt2")': """
+from test_models_pretrained import write_gpt2_pair
+write_gpt2_pair(".")
+""",
 }
 # Blocks with a test of their own below (which also checks what they compute): the reference
 # library's example (it needs the bench extra) and ours beside it.

@@ -10,6 +10,7 @@ from jaxrescore.models.gap import GapEstimate, TopGapEstimate, estimate_gap, est
 from jaxrescore.models.int8 import Int8TransformerLM, max_step_deviation, quantize_int8
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.ngram import NGramLM
+from jaxrescore.models.pretrained import PretrainedLM, from_pretrained
 from jaxrescore.models.prompt import PromptedModel
 from jaxrescore.models.sampling import sample_sequences
 from jaxrescore.models.training import distill, train_lm
@@ -24,6 +25,7 @@ __all__ = [
     "Int8TransformerLM",
     "JaxLM",
     "NGramLM",
+    "PretrainedLM",
     "PromptedModel",
     "TransformerConfig",
     "TransformerLM",
@@ -36,6 +38,7 @@ __all__ = [
     "from_equinox",
     "from_linen",
     "from_nnx",
+    "from_pretrained",
     "load_model",
     "max_step_deviation",
     "quantize_int8",

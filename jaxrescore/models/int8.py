@@ -204,8 +204,9 @@ def quantize_int8(model: TransformerLM | ApplyFnLM, *, activations: str = "int8"
     """The int8 weight-quantised twin of ``model`` (see the module docstring).
 
     Args:
-      model: a TransformerLM (its twin runs int8 layers), or any ``from_apply_fn`` model (its twin
-        stores int8 weights and dequantises them inside the jit).
+      model: a TransformerLM (its twin runs int8 layers), any ``from_apply_fn`` model (its twin
+        stores int8 weights and dequantises them inside the jit), or a model with an
+        ``int8_twin`` method (``from_pretrained``'s: its twin is weight-only int8).
       activations: for a TransformerLM, ``"int8"`` (W8A8 integer matmuls, the default) or
         ``"float"`` (weight-only); ignored for an apply-fn model.
     """
@@ -224,6 +225,9 @@ def quantize_int8(model: TransformerLM | ApplyFnLM, *, activations: str = "int8"
         if model.step is not None:
             twin.init_cache, twin.step = model.init_cache, DequantizedStep(model.step)
         return twin
+    make_twin = getattr(model, "int8_twin", None)  # a model that knows its own twin (from_pretrained's)
+    if callable(make_twin) and isinstance(model, JaxLM):
+        return make_twin(activations=activations)
     raise TypeError(
         f"quantize_int8 needs a TransformerLM or a from_apply_fn model (not already quantised), "
         f"got {type(model).__name__}"

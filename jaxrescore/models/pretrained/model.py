@@ -1,0 +1,258 @@
+"""from_pretrained: a local Hugging Face checkpoint folder as a JAX model with the full interface.
+
+``from_pretrained(directory)`` reads ``config.json``, the safetensors weights and
+``tokenizer.json`` of a GPT-2-family or Llama-family checkpoint and returns a
+:class:`PretrainedLM`: a :class:`~jaxrescore.models.JaxLM` (teacher-forcing scores, frontier
+statistics, ``next_logprobs``, prompts, meshes with replicated or split weights, bf16) whose
+incremental forward keeps key/value caches (the prompt's held once, each row its own positions;
+see :mod:`jaxrescore.models.decoding`), whose int8 twin is ``quantize_int8(model)``, and which
+reads and writes text with the checkpoint's tokenizer (``model.with_prompt("some text")``,
+``result.texts``).
+
+Sequences and BOS. A sequence is the tokens AFTER a conditioning first position that the model
+feeds itself (``bos_id``, never part of a sequence or a prompt) and ends with ``eos``:
+
+- GPT-2 family: position 0 is ``<|endoftext|>`` (config ``bos_token_id``, 50256), as Hugging Face
+  ``generate`` starts unconditional text, and ``eos`` is the same token: a sequence is one
+  document, ``"Hello world<|endoftext|>"``;
+- Llama family: position 0 is ``bos_token_id`` (``<s>``, ``<|begin_of_text|>``), as its tokenizer
+  prepends it; ``eos`` is ``eos_token_id`` (the first one when the config lists several, e.g.
+  Llama 3's ``[128001, 128008, 128009]``: pass ``eos=`` to pick another). A config without a BOS
+  id (some Qwen configs) conditions on its eos id.
+
+The tokenizer encodes text WITHOUT special tokens (the BOS above is the model's, so it is never
+doubled) and decodes with them (a result's text shows exactly what was scored, its final eos
+left out). Nothing here downloads: the folder is where the user keeps the checkpoint (e.g. one
+written by ``huggingface-cli download gpt2 --local-dir ./gpt2`` or ``save_pretrained``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxrescore.models.base import check_int
+from jaxrescore.models.decoding import Decoder
+from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
+from jaxrescore.models.int8 import _quantize, dequantize
+from jaxrescore.models.jax_lm import JaxLM, check_mesh
+from jaxrescore.models.pretrained import gpt2, llama
+from jaxrescore.models.pretrained.files import check_directory, read_config, read_tensors, read_tokenizer
+from jaxrescore.models.pretrained.network import (
+    DecoderSpec,
+    NetworkApply,
+    NetworkDecode,
+    empty_context,
+)
+from jaxrescore.models.transformer import FLOAT_DTYPES, _float_dtype_name
+
+# model_type in config.json -> the family module that reads it.
+FAMILY_OF = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
+
+
+class _FromConfig:
+    def __repr__(self) -> str:
+        return "<from config.json>"
+
+
+FROM_CONFIG: Any = _FromConfig()
+
+# The int8 twin quantises these weights (matrices: per output column; tables: per row).
+_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class PretrainedLM(JaxLM):
+    """A GPT-2- or Llama-family network as an enumerable model (build with
+    :func:`from_pretrained`; see the module docstring).
+
+    Attributes:
+      spec: the :class:`~jaxrescore.models.pretrained.network.DecoderSpec` (family, widths, dtype).
+      params: the weights dict (see :mod:`jaxrescore.models.pretrained.network`).
+      config: the checkpoint's ``config.json`` as a dict.
+      directory: the folder it was read from.
+      tokenizer: the checkpoint's tokenizer (an ``HFTokenizer``) or None.
+    """
+
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        params: dict,
+        *,
+        eos: int | None,
+        bos_id: int,
+        max_len: int,
+        mesh: Mesh | None = None,
+        quantized: bool = False,
+        config: dict | None = None,
+        directory: str | None = None,
+    ):
+        prepare = dequantize if quantized else None
+        super().__init__(
+            NetworkApply(spec, prepare), params, vocab_size=spec.vocab_size, eos=eos, max_len=max_len,
+            bos_id=bos_id, mesh=mesh,
+        )
+        self.spec = spec
+        self.quantized = quantized
+        self.trainable = not quantized
+        self.config = dict(config or {})
+        self.directory = directory
+
+    def __repr__(self) -> str:
+        s = self.spec
+        kind = f"{s.family}{' int8' if self.quantized else ''}"
+        return (
+            f"PretrainedLM({kind}, V={s.vocab_size}, d_model={s.d_model}, n_layers={s.n_layers}, "
+            f"max_len={self.max_len}, eos={self.eos}, dtype={s.dtype})"
+        )
+
+    @property
+    def score_tolerance(self) -> float:
+        """Nats a score may move between forwards: 1e-3 in float32, 0.1 in a 16-bit dtype (see
+        :mod:`jaxrescore.models.frontier`)."""
+        return BFLOAT16_TOLERANCE if jnp.dtype(self.spec.dtype).itemsize < 4 else FLOAT32_TOLERANCE
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
+
+    def decoder(self) -> Decoder:
+        """The incremental forward (shared context cache, per-row caches of the row's own
+        positions) used by :class:`~jaxrescore.models.decoding.DecodingSession`."""
+        held = self.__dict__.get("_decoder")
+        if held is None or held[0] is not self.apply:
+            spec = self.spec
+            dec = Decoder(NetworkDecode(spec, self.apply.prepare), True, lambda: empty_context(spec))
+            held = (self.apply, dec)
+            self._decoder = held
+        return held[1]
+
+    def int8_twin(self, *, activations: str = "int8") -> PretrainedLM:
+        """The weight-only int8 twin (what :func:`~jaxrescore.models.quantize_int8` returns for
+        this model): every projection matrix int8 with one float32 scale per output column and
+        layer, the embedding (and an untied head) per row/column; norms, biases and GPT-2's
+        position table stay as they are. Weights are dequantised inside the jit, so the twin
+        stores ~4x less and runs the float network (``activations`` is accepted for
+        ``quantize_int8``'s signature; integer matmuls are the TransformerLM twin's)."""
+        if self.quantized:
+            raise TypeError("this model is already an int8 twin")
+        p = jax.tree.map(np.asarray, self.params)
+        q = dict(p)
+        q["embed"] = _quantize(p["embed"], -1)
+        if "head" in p:
+            q["head"] = _quantize(p["head"], -2)
+        q["layers"] = {k: _quantize(v, -2) if k in _MATRICES else v for k, v in p["layers"].items()}
+        q = jax.tree.map(jnp.asarray, q)
+        twin = PretrainedLM(
+            self.spec, q, eos=self.eos, bos_id=self.bos_id, max_len=self.max_len, mesh=self.mesh,
+            quantized=True, config=self.config, directory=self.directory,
+        )
+        twin.shard_params = self.shard_params
+        twin.tokenizer = self.tokenizer
+        return twin
+
+
+def _dtype_name(dtype, config: dict) -> str:
+    if dtype is None:
+        return "float32"
+    if isinstance(dtype, str) and dtype == "auto":
+        stored = config.get("torch_dtype") or config.get("dtype")
+        return stored if stored in FLOAT_DTYPES else "float32"
+    return _float_dtype_name(dtype, "dtype")
+
+
+def _token_id(value, name: str) -> int | None:
+    """A config token id (an int, a list of ints: the first, or null)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"config.json: {name} must be an integer or a list of integers, got {value!r}")
+    return value
+
+
+def from_pretrained(
+    directory: Any,
+    *,
+    dtype: Any = None,
+    mesh: Mesh | None = None,
+    shard_params: bool = False,
+    max_len: int | None = None,
+    eos: Any = FROM_CONFIG,
+    bos_id: Any = FROM_CONFIG,
+    tokenizer: Any = True,
+) -> PretrainedLM:
+    """Load a local Hugging Face checkpoint folder of the GPT-2 or Llama family (see the module
+    docstring for what a sequence is and where BOS comes from).
+
+    Args:
+      directory: the folder holding ``config.json``, ``model.safetensors`` (or shards listed by
+        ``model.safetensors.index.json``) and, optionally, ``tokenizer.json``. ``model_type``
+        ``gpt2``, ``llama``, ``mistral`` or ``qwen2``.
+      dtype: the weights' and compute dtype: None (float32, whatever the file stores: exact
+        scores, the library's default), ``"bfloat16"``/``"float16"`` (half the memory; the
+        model's ``score_tolerance`` becomes 0.1 nats), or ``"auto"`` (the config's
+        ``torch_dtype``). Norms, attention softmax and log-probs run in float32 either way.
+      mesh: optional ``jax.sharding.Mesh``: forwards shard the batch over it (see
+        :meth:`~jaxrescore.models.JaxLM.with_mesh`).
+      shard_params: with ``mesh``, split every weight over the mesh's devices (a model larger
+        than one device) instead of replicating it; weights go from the host straight to their
+        shards.
+      max_len: the longest sequence in the support, eos included (default and maximum: the
+        config's context length, ``n_positions`` / ``max_position_embeddings``, or a Mistral
+        ``sliding_window`` when shorter: longer contexts would attend differently).
+      eos: the end-of-sequence id (default: the config's ``eos_token_id``); None for
+        fixed-length sequences of ``max_len`` tokens.
+      bos_id: the id fed at position 0 (default: the config's ``bos_token_id``, else its eos).
+      tokenizer: True (read ``tokenizer.json`` when the folder has one), False (ids only), or a
+        tokenizer object of one's own (``encode``/``decode``, see ``with_tokenizer``).
+
+    Returns:
+      A :class:`PretrainedLM`.
+    """
+    path = check_directory(directory)
+    config = read_config(path)
+    model_type = config.get("model_type")
+    family = FAMILY_OF.get(model_type)
+    if family is None:
+        raise ValueError(
+            f"config.json: model_type={model_type!r} is not supported; from_pretrained reads "
+            f"{sorted(FAMILY_OF)} (the GPT-2 and Llama families)"
+        )
+    spec = family.spec_of(config, _dtype_name(dtype, config))
+    mesh = check_mesh(mesh)
+    if not isinstance(shard_params, (bool, np.bool_)):
+        raise ValueError(f"shard_params must be True or False, got {shard_params!r}")
+    context = spec.max_positions
+    window = config.get("sliding_window")
+    if window and config.get("use_sliding_window", model_type == "mistral"):
+        context = min(context, int(window))
+    max_len = context if max_len is None else check_int(max_len, "max_len", minimum=1, maximum=context + 1)
+    vocab = spec.vocab_size
+    if eos is FROM_CONFIG:
+        eos = _token_id(config.get("eos_token_id"), "eos_token_id")
+    eos = check_int(eos, "eos", minimum=0, maximum=vocab, allow_none=True)
+    if bos_id is FROM_CONFIG:
+        bos_id = _token_id(config.get("bos_token_id"), "bos_token_id")
+        bos_id = eos if bos_id is None else bos_id
+        if bos_id is None:
+            raise ValueError("config.json names neither bos_token_id nor eos_token_id: pass bos_id=")
+    bos_id = check_int(bos_id, "bos_id", minimum=0, maximum=vocab)
+    if tokenizer is True:
+        tok = read_tokenizer(path)
+    elif tokenizer is False or tokenizer is None:
+        tok = None
+    else:
+        tok = tokenizer
+    params = family.params_of(spec, read_tensors(path), jnp.dtype(spec.dtype))
+    if mesh is None:
+        params = jax.device_put(params)
+    model = PretrainedLM(
+        spec, params, eos=eos, bos_id=bos_id, max_len=max_len, mesh=mesh, config=config, directory=path
+    )
+    model.shard_params = bool(shard_params) and mesh is not None
+    return model if tok is None else model.with_tokenizer(tok)
