@@ -50,6 +50,7 @@ def test_source_probabilities_sum_to_one_on_a_small_slice():
     assert abs(freq - p) < 4 * np.sqrt(p * (1 - p) / len(draws)) + 1e-4
 
 
+@pytest.mark.slow
 def test_quick_run(tmp_path):
     import bench_wide
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
@@ -20,6 +22,7 @@ def test_every_section_has_run():
         assert list(inspect.signature(fn).parameters)[:2] == ["quick", "out_dir"], name
 
 
+@pytest.mark.slow
 def test_quick_run_writes_benchmarks_md(tmp_path):
     subset = "proven,seek_index,certificate"
     proc = subprocess.run(

@@ -54,6 +54,7 @@ def test_demo_gap_certified_run(demo_json):
     assert cert["gap_calibration_sequences"] > 0 and cert["target_calls"] >= 1
 
 
+@pytest.mark.slow
 def test_demo_json_via_console_module(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path))
     proc = subprocess.run(
@@ -178,7 +179,7 @@ def test_enumerate_prompt_and_table(capsys, tiny_models):
     assert "proven exact (no assumption): True" in text and "gap-certified" not in text
 
 
-@pytest.mark.parametrize("k, prefix", [(100, ""), (25, "ma")])
+@pytest.mark.parametrize("k, prefix", [pytest.param(100, "", marks=pytest.mark.slow), (25, "ma")])
 def test_proven_names_meet_the_bar(k, prefix):
     """At most 8 target calls, fewer target sequences than best-first needs prefix forwards, and
     the same answer as exact best-first search over the target."""
@@ -446,6 +447,7 @@ def test_a_corrupted_model_file_is_one_line_exit_2(capsys, tmp_path, tiny_models
     assert err.count("\n") == 1 and "flipped.npz" in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkeypatch):
     from jaxrescore.demo import check_train_output, default_train_path, shipped_target_path, target_config
     from jaxrescore.models.checkpoint import load_model

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import jax
+import pytest
 
 SCRIPT = textwrap.dedent(
     """
@@ -107,6 +108,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_mesh_matches_single_device():
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()

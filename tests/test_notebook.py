@@ -85,6 +85,7 @@ def code_cells_of(nb):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
+@pytest.mark.slow
 def test_the_documented_wheel_carries_the_package_and_its_data(tmp_path):
     """`python -m build --wheel` on this checkout's tracked files: the wheel the install cell names,
     with the package, its typing marker and its data at the top (what a Colab session installs)."""
@@ -141,6 +142,7 @@ def test_quickstart_sweep_heatmap_shows_verdicts_that_differ():
     assert window > 0 and 0 < certified < total and refuted < total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_notebook_executes_and_plots_render(name, tmp_path, monkeypatch):
     import jax

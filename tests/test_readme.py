@@ -40,3 +40,12 @@ def test_every_python_block_of_the_readme_runs_as_written(i, monkeypatch, tmp_pa
         monkeypatch.chdir(tmp_path)
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(code, f"README.md python block {i}", "exec"), {})
+
+
+def test_ci_runs_the_readmes_test_command_which_runs_everything():
+    """.ci/run is the README's command and leaves no test out; the fast subset is documented."""
+    ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
+    readme = README.read_text()
+    assert ci == 'python3 -m pip install -e ".[dev]" && python3 -m pytest -n 2'
+    assert f"```bash\n{ci}\n```" in readme
+    assert 'python3 -m pytest -n 2 -m "not slow"' in readme
