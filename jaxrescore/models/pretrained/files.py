@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -74,16 +75,34 @@ def weight_files(path: str) -> list[str]:
     return [os.path.join(path, name) for name in files]
 
 
-def read_tensors(path: str) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's safetensors files, by checkpoint key (numpy arrays)."""
-    numpy_api = _need("safetensors.numpy")
-    out: dict[str, np.ndarray] = {}
-    for name in weight_files(path):
-        for key, value in numpy_api.load_file(name).items():
-            if key in out:
-                raise ValueError(f"tensor {key!r} appears in two weight files of {path!r}")
-            out[key] = value
-    return out
+class LazyTensors(Mapping):
+    """The tensors of the folder's safetensors files by checkpoint key, each read from its file
+    when asked for (a numpy array), so loading holds one layer's worth of extra copies, not a
+    second whole model."""
+
+    def __init__(self, files: list[str]):
+        numpy_api = _need("safetensors")
+        self._handles = [numpy_api.safe_open(name, framework="np") for name in files]
+        self._where: dict[str, int] = {}
+        for i, handle in enumerate(self._handles):
+            for key in handle.keys():
+                if key in self._where:
+                    raise ValueError(f"tensor {key!r} appears in two weight files: {files[self._where[key]]}, {files[i]}")
+                self._where[key] = i
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._handles[self._where[key]].get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def read_tensors(path: str) -> LazyTensors:
+    """Every tensor of the folder's safetensors files, by checkpoint key (read on access)."""
+    return LazyTensors(weight_files(path))
 
 
 class TensorTable:
@@ -92,27 +111,27 @@ class TensorTable:
     another architecture must not load as garbage).
 
     Args:
-      tensors: key -> array, as read from the files.
+      tensors: key -> array, as read from the files (read when asked for).
       prefix: the model's own prefix (``"transformer."``, ``"model."``), dropped where present.
       ignored: a regex of keys that are buffers, not weights (GPT-2's causal-mask ``attn.bias``).
     """
 
-    def __init__(self, tensors: dict[str, np.ndarray], prefix: str, ignored: str | None = None):
-        self._tensors = {}
-        for key, value in tensors.items():
-            if ignored is not None and re.search(ignored, key):
-                continue
-            self._tensors[key[len(prefix):] if key.startswith(prefix) else key] = value
+    def __init__(self, tensors: Mapping[str, np.ndarray], prefix: str, ignored: str | None = None):
+        self._tensors = tensors
+        self._keys = {}  # name without the prefix -> checkpoint key
+        for key in tensors:
+            if ignored is None or not re.search(ignored, key):
+                self._keys[key[len(prefix):] if key.startswith(prefix) else key] = key
         self._used: set[str] = set()
 
     def __contains__(self, key: str) -> bool:
-        return key in self._tensors
+        return key in self._keys
 
     def get(self, key: str, shape: tuple[int, ...]) -> np.ndarray:
         """The tensor ``key`` (ValueError when absent or not of ``shape``)."""
-        if key not in self._tensors:
+        if key not in self._keys:
             raise ValueError(f"the checkpoint has no tensor {key!r} (expected shape {shape})")
-        value = self._tensors[key]
+        value = self._tensors[self._keys[key]]
         if tuple(value.shape) != tuple(shape):
             raise ValueError(
                 f"checkpoint tensor {key!r} has shape {tuple(value.shape)}; config.json implies {tuple(shape)}"
@@ -132,7 +151,7 @@ class TensorTable:
         return None
 
     def check_used(self, what: str) -> None:
-        left = sorted(set(self._tensors) - self._used)
+        left = sorted(set(self._keys) - self._used)
         if left:
             raise ValueError(
                 f"the checkpoint holds {len(left)} tensors a {what} model does not use, e.g. {left[:4]}: "

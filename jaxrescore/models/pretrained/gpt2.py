@@ -10,6 +10,8 @@ older files carry (``attn.bias``, ``attn.masked_bias``) are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from jaxrescore.models.pretrained.files import TensorTable, as_dtype
@@ -45,7 +47,7 @@ def spec_of(config: dict, dtype: str) -> DecoderSpec:
     )
 
 
-def params_of(spec: DecoderSpec, tensors: dict, dtype) -> dict:
+def params_of(spec: DecoderSpec, tensors: Mapping[str, np.ndarray], dtype) -> dict:
     """The network's weights dict (see :mod:`~jaxrescore.models.pretrained.network`) from the
     checkpoint's tensors, cast to ``dtype`` on the host."""
     table = TensorTable(tensors, "transformer.", ignored=r"(^|\.)attn\.(bias|masked_bias)$")

@@ -12,6 +12,8 @@ frequencies come from ``rope_theta`` and ``rope_scaling``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from jaxrescore.models.pretrained.files import TensorTable, as_dtype
@@ -70,7 +72,7 @@ def spec_of(config: dict, dtype: str) -> DecoderSpec:
     )
 
 
-def params_of(spec: DecoderSpec, tensors: dict, dtype) -> dict:
+def params_of(spec: DecoderSpec, tensors: Mapping[str, np.ndarray], dtype) -> dict:
     """The network's weights dict (see :mod:`~jaxrescore.models.pretrained.network`) from the
     checkpoint's tensors, cast to ``dtype`` on the host."""
     table = TensorTable(tensors, "model.", ignored=r"rotary_emb\.inv_freq$")
