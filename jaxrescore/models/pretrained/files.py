@@ -87,7 +87,8 @@ class LazyTensors(Mapping):
         for i, handle in enumerate(self._handles):
             for key in handle.keys():
                 if key in self._where:
-                    raise ValueError(f"tensor {key!r} appears in two weight files: {files[self._where[key]]}, {files[i]}")
+                    first = files[self._where[key]]
+                    raise ValueError(f"tensor {key!r} appears in two weight files: {first}, {files[i]}")
                 self._where[key] = i
 
     def __getitem__(self, key: str) -> np.ndarray:

@@ -277,7 +277,8 @@ def decode(spec: DecoderSpec, params, tokens, start, last, ctx, ctx_len, cache, 
         return x, (held["k"], held["v"])
 
     rows = (jnp.swapaxes(cache["k"], 0, 1), jnp.swapaxes(cache["v"], 0, 1))
-    x, (rk, rv) = jax.lax.scan(layer, _embed(spec, params, tokens, positions), (params["layers"], ctx["k"], ctx["v"]) + rows)
+    xs = (params["layers"], ctx["k"], ctx["v"]) + rows
+    x, (rk, rv) = jax.lax.scan(layer, _embed(spec, params, tokens, positions), xs)
     x = jnp.take_along_axis(x, last[:, None, None], axis=1)
     logits = _head(spec, params, x)[:, 0]
     return logits, {"k": jnp.swapaxes(rk, 0, 1), "v": jnp.swapaxes(rv, 0, 1)}
