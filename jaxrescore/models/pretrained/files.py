@@ -23,7 +23,8 @@ def _need(module: str):
         return __import__(module, fromlist=["_"])
     except ImportError:
         raise ImportError(
-            f"from_pretrained needs the {module!r} package: pip install 'jaxrescore[hf]'"
+            f"from_pretrained needs the {module!r} package: pip install {module.split('.')[0]} "
+            "(or the hf extra: pip install -e '.[hf]' in a checkout)"
         ) from None
 
 
