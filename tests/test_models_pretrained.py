@@ -353,6 +353,14 @@ def test_llama_variants_biases_and_llama3_rope(tmp_path):
     qwen = dict(cfg, model_type="qwen2", rope_scaling=None, bos_token_id=None)
     qwen_model = from_pretrained(write_checkpoint(tmp_path / "qwen2", qwen, tensors, _llama_tokenizer()))
     assert qwen_model.spec.family == "llama" and qwen_model.bos_id == qwen_model.eos == 2  # no BOS: eos
+    llama3_eos = dict(cfg, eos_token_id=[2, 4, 5])  # Llama 3 lists several: the first, or eos=
+    path = write_checkpoint(tmp_path / "eos", llama3_eos, tensors, _llama_tokenizer())
+    assert from_pretrained(path).eos == 2 and from_pretrained(path, eos=5).eos == 5
+    mistral = dict(cfg, model_type="mistral", rope_scaling=None, sliding_window=6)
+    path = write_checkpoint(tmp_path / "mistral", mistral, tensors, _llama_tokenizer())
+    assert from_pretrained(path).max_len == 6  # past the window it would attend differently
+    with pytest.raises(ValueError, match="max_len"):
+        from_pretrained(path, max_len=7)
     unknown = dict(cfg, rope_scaling=dict(scaling, rope_type="yarn"))
     with pytest.raises(ValueError, match="yarn"):
         from_pretrained(write_checkpoint(tmp_path / "yarn", unknown, tensors, _llama_tokenizer()))
@@ -402,6 +410,11 @@ def test_errors_name_the_checkpoint_problem(tmp_path):
     extra = dict(tensors, **{"h.0.mlp.extra.weight": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match="does not use"):
         from_pretrained(write_checkpoint(tmp_path / "extra", cfg, extra, _gpt2_tokenizer()))
+    untied = dict(cfg, tie_word_embeddings=False)  # a separate head the file lacks
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        from_pretrained(write_checkpoint(tmp_path / "untied", untied, tensors, _gpt2_tokenizer()))
+    with_head = dict(tensors, **{"lm_head.weight": tensors["wte.weight"]})  # tied, saved anyway
+    assert "head" not in from_pretrained(write_checkpoint(tmp_path / "head", cfg, with_head, _gpt2_tokenizer())).params
     with pytest.raises(ValueError, match="model_type"):
         from_pretrained(write_checkpoint(tmp_path / "bert", dict(cfg, model_type="bert"), tensors, _gpt2_tokenizer()))
 
