@@ -32,6 +32,7 @@ sys.path.insert(0, HERE)
 SECTIONS = [
     ("proven", "bench_proven"),
     ("wide", "bench_wide"),
+    ("search_width", "bench_search_width"),
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
     ("kv_cache", "bench_kv_cache"),

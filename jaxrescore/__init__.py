@@ -36,6 +36,7 @@ _EXPORTS = {
     "from_equinox": "jaxrescore.models",
     "from_linen": "jaxrescore.models",
     "from_nnx": "jaxrescore.models",
+    "from_pretrained": "jaxrescore.models",
     "init_carry": "jaxrescore.rescore",
     "load_model": "jaxrescore.models",
     "quantize_int8": "jaxrescore.models",

@@ -149,3 +149,10 @@ def test_readme_one_call_snippet_runs_and_proves():
         exec(compile(code, "README.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert lines[0] == "True ['mary', 'matthew', 'margaret']" and lines[1].startswith("True ['jo")
+
+
+def test_indexes_print_short_lines():
+    _, draft = word_models()
+    for index in (jr.AREnvelopeIndex(draft),):
+        line = repr(index)
+        assert len(line) < 200 and "\n" not in line and type(index).__name__ in line

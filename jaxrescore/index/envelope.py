@@ -234,6 +234,12 @@ class AREnvelopeIndex(EnvelopeCalibration):
 
     # -- state ---------------------------------------------------------------------------------------
 
+    def __repr__(self) -> str:
+        return (
+            f"AREnvelopeIndex(model={type(self.model).__name__}, ranks={len(self):,} (estimated), "
+            f"max_depth_bits={self.max_depth_bits:g}, n_paths={self.n_paths}, forwards={self.forwards:,})"
+        )
+
     def __len__(self) -> int:
         """Ranks available: the estimated sequences within ``max_depth_bits`` (at most 2**53)."""
         return int(min(self._cum[-1], MAX_RANK))

@@ -13,6 +13,8 @@ full forward of ``prompt + c``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from jax.sharding import Mesh
 
@@ -77,7 +79,7 @@ class PromptableMixin:
 
         return PromptedModel(self, encode_prompt(self, tokens))
 
-    def with_tokenizer(self, tokenizer):
+    def with_tokenizer(self, tokenizer: Any) -> Any:
         """A copy of the model that reads and writes text with ``tokenizer`` (any object with
         ``encode(text) -> ids`` and ``decode(ids) -> text``, e.g. a ``tokenizers.Tokenizer``):
         ``with_prompt("...")`` takes text and results over it carry ``texts``."""

@@ -25,7 +25,16 @@ from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
 from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, forward_rows, target_structure
-from jaxrescore.rescore.search import Proof, SearchBudget, check_proof, completion_model, greedy_complete, prove_search
+from jaxrescore.rescore.search import (
+    SEARCH_WIDTH,
+    Proof,
+    SearchBudget,
+    check_proof,
+    completion_model,
+    first_width,
+    greedy_complete,
+    prove_search,
+)
 from jaxrescore.sequences import bucket_size
 
 # Incremented whenever the jitted sweep is traced: tests assert that sweeps over many windows,
@@ -120,6 +129,9 @@ class RescoredIndex:
         bound (more: fewer full-row fetches on a wide vocabulary, more memory).
       completion_branch: paths the search speculates per open exit: the draft's likeliest
         ``completion_branch`` tokens after the exit, each completed greedily (1: greedy only).
+      search_width: the first round of a proving search opens at most ``search_width * k``
+        exits (the best by bound), each later round twice as many as the last; None opens every
+        open exit every round (fewest rounds, most positions with a poor draft).
 
     The certificate needs ``target(u) <= draft(u) + assumed_gap`` for every sequence ``u`` that
     scores above the worst returned item (``|target - draft| <= assumed_gap`` everywhere is the
@@ -139,11 +151,13 @@ class RescoredIndex:
         draft_model: Any = None,
         top_m: int = DEFAULT_TOP_M,
         completion_branch: int = 1,
+        search_width: int | None = SEARCH_WIDTH,
     ):
         self.rerank_window = require_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
         self.top_m = check_top_m(top_m)
         self.completion_branch = require_int(completion_branch, "completion_branch", minimum=1)
+        self.search_width = None if search_width is None else require_int(search_width, "search_width", minimum=1)
         self._draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index
@@ -401,7 +415,8 @@ class RescoredIndex:
         proofs = None
         if prove:
             left = budget._replace(max_rounds=budget.max_rounds - rounds + 1)
-            proof, more = prove_search(scored, q.start, q.k, self._complete, self._draft_scores, left)
+            proof, more = prove_search(scored, q.start, q.k, self._complete, self._draft_scores, left,
+                                       first_width(self.search_width, q.k))
             rounds += more - 1
             proofs = [proof]
         n = len(scored)

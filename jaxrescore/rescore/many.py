@@ -17,7 +17,7 @@ from jaxrescore.rescore.index import (
     require_int,
 )
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, forward_rows, frontier_scores
-from jaxrescore.rescore.search import SearchBudget, next_round
+from jaxrescore.rescore.search import SearchBudget, first_width, next_round
 from jaxrescore.sequences import from_tuples
 
 
@@ -120,7 +120,7 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
     """The speculative exact search for every index at once: per round, each unproven index's new
     sequences, scored together in ONE call. Updates ``rounds`` in place; returns the proofs."""
     proofs = [None] * len(indexes)
-    widths = [None] * len(indexes)
+    widths = [first_width(ri.search_width, k) for ri in indexes]
     live = list(range(len(indexes)))
     while live:
         new = {}

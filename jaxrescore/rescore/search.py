@@ -9,8 +9,8 @@ Each round (see DESIGN.md §4b):
    (one batched ``next_logprobs`` call), which turns them into named exits;
 3. the DRAFT completes the best open exits' prefixes ``p + t`` greedily (batched across exits,
    one draft call per step) — the draft speculates paths. A round opens at most a width of
-   exits, the best by bound (:data:`OPEN_WIDTH` times k, doubling every round), and a path of a
-   terminating target stops where its estimate (the exit's exact value plus the draft's
+   exits, the best by bound (``search_width`` times k at first, doubling every round), and a
+   path of a terminating target stops where its estimate (the exit's exact value plus the draft's
    log-probs after it) falls below the current worst answer: it is closed with ``eos``, so its
    forward still gives the target's distribution after its last token and the node becomes a
    live prefix with exact exits (see :func:`greedy_complete`);
@@ -27,6 +27,7 @@ it in practice. The answer is then proven, or returned with the reason it is not
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -213,27 +214,25 @@ class SearchBudget(NamedTuple):
     max_sequences: int
 
 
-# Exits a round opens at first, times k; the width doubles every round, so a search needs a
-# number of rounds logarithmic in the exits its proof needs, and at most about half of what it
-# opens comes from its last round. Measured on the wide workload (positions: token positions
-# the target computed, against KV-cached best-first's; calls: sequential target calls):
-#   'the dog' k = 10, 3-gram: all open exits every round 55x in 8 calls; 8k doubling 9.6x in 8;
-#     a fixed 8k 7.3x in 11; a fixed k 4.6x and no proof within 32 rounds;
-#   'some cats that' k = 100, 3-gram: 8k doubling 2.8x in 11 calls; a fixed 8k, no proof in 32
-#     rounds; 8k doubling only after a round that raised no answer, no proof in 32 rounds.
-OPEN_WIDTH = 8
+# The default first width, times k (RescoredIndex(search_width=...)); the width doubles every
+# round, so a search needs a number of rounds logarithmic in the exits its proof needs, and at
+# most about half of what it opens comes from its last round. The trade-off between calls and
+# positions is measured in BENCHMARKS.md ("search width", benchmarks/bench_search_width.py).
+SEARCH_WIDTH = 8
 
 
-def _next_width(width: int | None, k: int) -> int:
-    """Exits to open this round (see :data:`OPEN_WIDTH`), from the last round's ``width``."""
-    return OPEN_WIDTH * k if width is None else 2 * width
+def first_width(search_width: int | None, k: int) -> float:
+    """Exits the first round may open: ``search_width * k``, or every open exit (``inf``)."""
+    return math.inf if search_width is None else float(search_width * k)
 
 
-def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int, width: int | None = None):
-    """``(proof, new, width)``: the verdict on ``scored`` now, the new sequences the next round
-    should score (None when the search stops: proven, no proof possible, or the budget is
-    spent) and the exits the round opened at most (pass it to the next call). May fetch full
-    target rows for "rest" exits (one call, counted by ``scored``).
+def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
+               width: float = math.inf):
+    """``(proof, new, next_width)``: the verdict on ``scored`` now, the new sequences the next
+    round should score (None when the search stops: proven, no proof possible, or the budget is
+    spent), opening at most ``width`` exits (the best by bound), and the next round's width
+    (twice this one). May fetch full target rows for "rest" exits (one call, counted by
+    ``scored``).
 
     Args:
       scored: what the search has scored so far.
@@ -242,7 +241,7 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         exit prefixes (``values``: their exact target log-probs; a path whose estimate falls
         below ``floor``, the current worst answer, may stop early, see :func:`greedy_complete`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
-      width: the last round's width (None on the first round).
+      width: exits this round may open (see :func:`first_width`).
     """
     proof, front = check_proof(scored, len(scored), start, k)
     if proof.proven is not False or start < 0 or not front.moved <= scored.tolerance:
@@ -258,23 +257,24 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         opened = _open_prefixes(scored, front, start, k, fetch=False)
     prefixes, values = opened
     worst = kth_best(scored.target_lps, start + k - 1)
-    width = _next_width(width, k)
-    take = min(room, width)
+    take = int(min(room, width))
     new = scored.new(complete(prefixes[:take], values[:take], _open_floor(worst, scored.tolerance)))
     if not new:
         return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width
-    return proof, new, width
+    return proof, new, 2 * width
 
 
-def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget):
+def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget,
+                 width: float = math.inf):
     """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out,
     one batched target call per round (see :func:`next_round`); ``draft_scores(seqs) -> float[N]``
-    gives the new sequences' draft log-probs (NaN when unknown).
+    gives the new sequences' draft log-probs (NaN when unknown); ``width``: the exits the first
+    round may open (:func:`first_width`).
 
     Returns:
       ``(Proof, rounds)``: the final verdict and the scoring rounds made (the head's included).
     """
-    rounds, width = 1, None
+    rounds = 1
     while True:
         proof, new, width = next_round(scored, start, k, complete, budget, rounds, width)
         if new is None:
