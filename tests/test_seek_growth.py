@@ -205,3 +205,16 @@ def test_a_prompted_wide_ngram_hands_over_sparse_rows_and_grows_as_whole_rows_wo
     whole = SeekIndex(model, progress=False, row_storage="dense").ensure_count(57)
     assert _all(sparse)[0] == _all(whole)[0] and np.array_equal(_all(sparse)[1], _all(whole)[1])
     assert sparse._budget == whole._budget and sparse.nbytes < whole.nbytes / 10
+
+
+def test_growing_one_rank_at_a_time_costs_a_few_passes_a_bit():
+    # a consumer asking for one more rank at a time (a RescoredIndex growing its pull) pays at most
+    # MAX_SUBSTEPS passes per bit the index deepens, whatever the number of calls
+    model = DRAFTS["softmax"]()
+    index = SeekIndex(model, initial_bits=1.0, max_depth_bits=60.0, progress=False)
+    bits, builds = index.built_bits, index.builds
+    for n in range(1, 3000, 7):
+        index.ensure_count(n)
+        assert len(index) >= n
+    assert index.builds - builds <= seek_mod.MAX_SUBSTEPS * math.ceil(index.built_bits - bits)
+    assert len(index) <= len(one_bit_at_a_time(model, 2993, initial_bits=1.0, max_depth_bits=60.0))
