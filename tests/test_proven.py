@@ -158,6 +158,12 @@ def test_budgets_stop_the_search_with_a_reason():
     assert r.proven is False and "max_sequences=5" in r.proof_reason
     with pytest.raises(ValueError, match="max_rounds"):
         ri.top_k(3, prove=True, max_rounds=0)
+    # The budget counts every row the target evaluates, fetched next-token rows included
+    # (top_m=1 makes the search fetch full rows for its "rest" exits).
+    for budget in (5, 12, 30):
+        narrow = RescoredIndex(SeekIndex(as_model(draft)), as_model(target), rerank_window=0, top_m=1)
+        r = narrow.top_k(3, prove=True, max_sequences=budget)
+        assert narrow.target_sequences <= budget and (r.proven or f"max_sequences={budget}" in r.proof_reason)
     with pytest.raises(ValueError, match="prove"):
         ri.top_k(3, prove="yes")
 

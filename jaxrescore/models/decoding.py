@@ -26,7 +26,7 @@ tests/test_models_decoding.py checks it.
 
 Models. :class:`~jaxrescore.models.transformer.TransformerLM` and its int8 twin decode with a
 shared context (the prompt's keys and values are never copied per row). ``from_apply_fn(...,
-init_cache=..., decode_step=...)`` takes a user's cache-aware step in the style of flax decoding
+init_cache=..., step=...)`` takes a user's cache-aware step in the style of flax decoding
 (see :func:`jaxrescore.models.from_apply_fn`); its caches are per row, at full length.
 :func:`decoding_session` returns None for a model without an incremental forward (an n-gram is a
 table lookup, a callable has no cache); callers then use the model itself.
@@ -391,7 +391,7 @@ def _keys(toks: np.ndarray, lens: np.ndarray) -> list:
 
 def decoding_session(model: Any, *, max_bytes: int | None = None) -> DecodingSession | None:
     """A :class:`DecodingSession` over ``model`` when it decodes incrementally (a TransformerLM,
-    its int8 twin, a ``from_apply_fn`` model given ``init_cache``/``decode_step``, or a prompted
+    its int8 twin, a ``from_apply_fn`` model given ``init_cache``/``step``, or a prompted
     model of one), else None.
 
     Args:

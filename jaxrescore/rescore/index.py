@@ -223,7 +223,8 @@ class RescoredIndex:
           until_certified: grow the draft pull until ``certified`` holds (needs ``assumed_gap``
             and a draft index with ``bucket_bound``); each growth scores only new sequences.
           max_rounds: scoring rounds (batched target calls) allowed to a search, >= 1.
-          max_sequences: target-scored sequences allowed to a search, >= 1.
+          max_sequences: sequences (and fetched next-token rows) the target may evaluate in a
+            search, >= 1.
         """
         return self.slice(
             0, k, prove=prove, until_certified=until_certified, max_rounds=max_rounds, max_sequences=max_sequences

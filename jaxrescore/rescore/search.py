@@ -248,17 +248,24 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         return proof, None, width
     if rounds >= budget.max_rounds:
         return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None, width
-    room = budget.max_sequences - len(scored)
+    # The budget counts everything the target evaluated: scored sequences and fetched rows.
+    room = budget.max_sequences - scored.sequences
+    spent = proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}")
     if room <= 0:
-        return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width
-    opened = _open_prefixes(scored, front, start, k)
-    if opened is None:  # a full row was fetched: recompute before completing
+        return spent, None, width
+    opened = _open_prefixes(scored, front, start, k, fetch=room)
+    if opened is None:  # full rows were fetched: recompute before completing
         proof, front = check_proof(scored, len(scored), start, k)
-        opened = _open_prefixes(scored, front, start, k, fetch=False)
+        if proof.proven is not False:
+            return proof, None, width
+        room = budget.max_sequences - scored.sequences
+        if room <= 0:
+            return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width
+        opened = _open_prefixes(scored, front, start, k, fetch=0)
     prefixes, values = opened
     worst = kth_best(scored.target_lps, start + k - 1)
     take = int(min(room, width))
-    new = scored.new(complete(prefixes[:take], values[:take], _open_floor(worst, scored.tolerance)))
+    new = scored.new(complete(prefixes[:take], values[:take], _open_floor(worst, scored.tolerance)))[:room]
     if not new:
         return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width
     return proof, new, 2 * width
@@ -283,10 +290,10 @@ def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, 
         rounds += 1
 
 
-def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fetch: bool = True):
+def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fetch: int = 0):
     """``(prefixes, values float64[P])``: the ``p + t`` prefixes of the open exits and their
-    exact target log-probs, likeliest first; or None after fetching the full rows of nodes whose
-    open exit is a top-m "rest" (when ``fetch``)."""
+    exact target log-probs, likeliest first; or None after fetching the full rows of (at most
+    ``fetch``, the likeliest) nodes whose open exit is a top-m "rest"."""
     worst = kth_best(scored.target_lps, start + k - 1)
     ex = front.exits
     is_open = ~clears(worst, ex.value, scored.tolerance)
@@ -298,8 +305,8 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fe
         return tuple(int(t) for t in arrays.tokens[seq[e], : depth[e]]) if seq[e] >= 0 else ()
 
     rest = np.flatnonzero(token == REST)
-    if fetch and rest.size:
-        scored.fetch_rows([prefix(e) for e in rest])
+    if fetch > 0 and rest.size:
+        scored.fetch_rows(list(dict.fromkeys(prefix(e) for e in rest))[:fetch])
         return None
     # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
     named = np.flatnonzero(token != REST)
