@@ -237,9 +237,8 @@ def fit_draft(order: int = DRAFT_ORDER):
 
 
 def load_target(path: str | os.PathLike | None = None):
-    """The demo target (shipped weights by default), or any model saved with ``save_model``.
-    The shipped file predates stored vocabularies (format version 1): it gets the names
-    vocabulary here, so ``enumerate`` prints its sequences as text too."""
+    """The demo target (shipped weights by default, stored with the names vocabulary, so its
+    sequences print as text), or any model saved with ``save_model``."""
     from jaxrescore.models.checkpoint import load_model
 
     path = shipped_target_path() if path is None else Path(path)
@@ -250,18 +249,18 @@ def load_target(path: str | os.PathLike | None = None):
         model = load_model(path)
     except ValueError as e:
         raise DemoArgumentError(str(e)) from None
-    if model.vocabulary is None and _same_file(path, shipped_target_path()):
-        model.vocabulary = names_vocabulary()
     return model
 
 
 def _check_archive(path: Path) -> None:
     """A model file is an .npz (zip) archive: anything else is refused here in words, before numpy
     reads it (its advice for non-archives is to allow pickles, which a model file never needs)."""
+    from jaxrescore.models.checkpoint import is_archive
+
+    if is_archive(path):
+        return
     with open(path, "rb") as f:
         head = f.read(4096)
-    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return
     try:
         head.decode("utf-8")
         kind = "a text file"

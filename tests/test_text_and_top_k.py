@@ -156,3 +156,20 @@ def test_indexes_print_short_lines():
     for index in (jr.AREnvelopeIndex(draft),):
         line = repr(index)
         assert len(line) < 200 and "\n" not in line and type(index).__name__ in line
+
+
+def test_the_shipped_names_target_stores_its_vocabulary():
+    from jaxrescore.demo import names_vocabulary, shipped_target_path
+    from jaxrescore.models.checkpoint import load_model
+
+    assert load_model(shipped_target_path()).vocabulary == names_vocabulary()
+
+
+def test_load_model_refuses_a_text_file_in_words(tmp_path):
+    from jaxrescore.models.checkpoint import ModelFileError, load_model
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("the dog ran\n")
+    with pytest.raises(ModelFileError, match="does not start like one") as err:
+        load_model(path)
+    assert "pickle" not in str(err.value)

@@ -220,12 +220,27 @@ def save_model(
         raise type(err)(err.errno, f"cannot write model file {path!r}: {err.strerror or err}") from None
 
 
+def is_archive(path: str) -> bool:
+    """Whether the file at ``path`` starts like a zip (.npz) archive, as every model file does."""
+    with open(path, "rb") as f:
+        return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
+
+
 def _read(path: str) -> tuple[dict, dict]:
     """The header and the arrays of a model file; ModelFileError for anything unreadable."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no model file at {path!r}")
     if os.path.isdir(path):
         raise ModelFileError(f"{path!r} is a folder, not a jaxrescore model file")
+    try:
+        archive_ok = is_archive(path)
+    except PermissionError:
+        raise ModelFileError(f"{path!r} cannot be read: permission denied") from None
+    if not archive_ok:  # refused in words before numpy, whose advice would be to allow pickles
+        raise ModelFileError(
+            f"{path!r} is not a jaxrescore model file: a model file is the .npz (zip) archive "
+            "save_model writes, and this file does not start like one"
+        )
     try:
         archive = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - whatever a damaged file makes numpy raise
