@@ -153,7 +153,7 @@ def test_readme_one_call_snippet_runs_and_proves():
 
 def test_indexes_print_short_lines():
     _, draft = word_models()
-    for index in (jr.AREnvelopeIndex(draft),):
+    for index in (jr.AREnvelopeIndex(draft), SeekIndex(draft)):
         line = repr(index)
         assert len(line) < 200 and "\n" not in line and type(index).__name__ in line
 

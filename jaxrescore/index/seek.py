@@ -387,6 +387,13 @@ class SeekIndex:
     # -- state ---------------------------------------------------------------------------------------
 
     @_locked
+    def __repr__(self) -> str:
+        return (
+            f"SeekIndex(model={type(self.model).__name__}, sequences={len(self):,}, "
+            f"built_bits={self.built_bits:g}, truncated={self.truncated}, forwards={self.forwards:,})"
+        )
+
+    @_locked
     def __len__(self) -> int:
         """Sequences currently indexed."""
         return int(self._seq_id.size)
