@@ -16,7 +16,7 @@ import numpy as np
 from jaxrescore.index import SeekIndex
 from jaxrescore.models.frontier import DEFAULT_TOP_M
 from jaxrescore.models.text import encode_prompt
-from jaxrescore.rescore.index import DEFAULT_MAX_ROUNDS, DEFAULT_MAX_SEQUENCES, RescoredIndex
+from jaxrescore.rescore.index import DEFAULT_MAX_ROUNDS, RescoredIndex
 from jaxrescore.rescore.many import rescore_many
 from jaxrescore.rescore.result import RescoreResult
 
@@ -31,7 +31,7 @@ def top_k(
     rerank_window: int = 64,
     assumed_gap: float | None = None,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
-    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    max_sequences: int | None = None,
     top_m: int = DEFAULT_TOP_M,
     index_options: dict | None = None,
 ) -> RescoreResult | list[RescoreResult]:

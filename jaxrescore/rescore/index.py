@@ -42,7 +42,11 @@ from jaxrescore.sequences import bucket_size
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 DEFAULT_MAX_ROUNDS = 32
+# A search's default budget of target sequences grows with the answer: 65,536, or 1,024 per item
+# asked (start + k), whichever is larger (the wide workload's hardest prompt at k = 100 needs
+# more than 65,536 with a 3-gram draft).
 DEFAULT_MAX_SEQUENCES = 1 << 16
+SEQUENCES_PER_ITEM = 1024
 # Minimum padded rows and output slots of the jitted core (see RescoredIndex._core).
 MIN_CORE_ROWS = 1024
 MIN_CORE_K = 32
@@ -65,6 +69,15 @@ def require_int(value: Any, name: str, *, minimum: int) -> int:
     if int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def search_budget(max_rounds: Any, max_sequences: Any, start: int, k: int) -> SearchBudget:
+    """The budget of one search: ``max_rounds`` >= 1, and ``max_sequences`` >= 1 or None (then
+    :data:`DEFAULT_MAX_SEQUENCES` or :data:`SEQUENCES_PER_ITEM` per item asked, the larger)."""
+    rounds = require_int(max_rounds, "max_rounds", minimum=1)
+    if max_sequences is None:
+        return SearchBudget(rounds, max(DEFAULT_MAX_SEQUENCES, SEQUENCES_PER_ITEM * (start + k)))
+    return SearchBudget(rounds, require_int(max_sequences, "max_sequences", minimum=1))
 
 
 def require_gap(value: Any, name: str = "assumed_gap") -> float | None:
@@ -212,7 +225,7 @@ class RescoredIndex:
         prove: bool = False,
         until_certified: bool = False,
         max_rounds: int = DEFAULT_MAX_ROUNDS,
-        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        max_sequences: int | None = None,
     ) -> RescoreResult:
         """The ``k`` best sequences by TARGET score among the ``k + rerank_window`` draft head.
 
@@ -224,7 +237,7 @@ class RescoredIndex:
             and a draft index with ``bucket_bound``); each growth scores only new sequences.
           max_rounds: scoring rounds (batched target calls) allowed to a search, >= 1.
           max_sequences: sequences (and fetched next-token rows) the target may evaluate in a
-            search, >= 1.
+            search, >= 1; None (default): 65,536 or 1,024 per item asked, whichever is larger.
         """
         return self.slice(
             0, k, prove=prove, until_certified=until_certified, max_rounds=max_rounds, max_sequences=max_sequences
@@ -238,15 +251,13 @@ class RescoredIndex:
         prove: bool = False,
         until_certified: bool = False,
         max_rounds: int = DEFAULT_MAX_ROUNDS,
-        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        max_sequences: int | None = None,
     ) -> RescoreResult:
         """Target-reranked ``[start, start + k)`` slice of the pulled ``start + k + rerank_window``
         head; the verdicts cover whether an unpulled sequence could belong in or before it.
         ``prove``, ``until_certified`` and the budgets are as in :meth:`top_k`."""
         q = _Query(start, k, self.rerank_window, self.assumed_gap)
-        budget = SearchBudget(
-            require_int(max_rounds, "max_rounds", minimum=1), require_int(max_sequences, "max_sequences", minimum=1)
-        )
+        budget = search_budget(max_rounds, max_sequences, q.start, q.k)
         for name, flag in (("prove", prove), ("until_certified", until_certified)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")

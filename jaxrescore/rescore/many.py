@@ -9,12 +9,12 @@ import numpy as np
 from jaxrescore.models.frontier import FrontierScores
 from jaxrescore.rescore.index import (
     DEFAULT_MAX_ROUNDS,
-    DEFAULT_MAX_SEQUENCES,
     RescoredIndex,
     RescoreResult,
     _Query,
     as_scorer,
     require_int,
+    search_budget,
 )
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, forward_rows, frontier_scores
 from jaxrescore.rescore.search import SearchBudget, first_width, next_round
@@ -71,7 +71,7 @@ def rescore_many(
     *,
     prove: bool = False,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
-    max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    max_sequences: int | None = None,
 ) -> list[RescoreResult]:
     """``[ri.top_k(k, prove=prove) for ri in indexes]`` with ONE batched target call per round for
     all of them.
@@ -93,9 +93,7 @@ def rescore_many(
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
     if not isinstance(prove, (bool, np.bool_)):
         raise ValueError(f"prove must be True or False, got {prove!r}")
-    budget = SearchBudget(
-        require_int(max_rounds, "max_rounds", minimum=1), require_int(max_sequences, "max_sequences", minimum=1)
-    )
+    budget = search_budget(max_rounds, max_sequences, 0, require_int(k, "k", minimum=1))
     queries = [[_Query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
     prepared = [ri._prepare(q) for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
