@@ -772,7 +772,7 @@ SETTINGS = dict(deadline=None, derandomize=not os.environ.get("JAXRESCORE_BATTER
                                        HealthCheck.function_scoped_fixture])
 
 
-@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES", 450)), **SETTINGS)
+@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES", 350)), **SETTINGS)
 @given(case=case_strategy())
 @example(case={  # issue 10 item 1: positive-noise steps, the same model as draft and target
     "name": "item1-positive-noise", "vocab": 3, "eos": None, "max_len": 2, "target_seed": 0, "draft_seed": 0,
@@ -817,7 +817,7 @@ def test_battery_sweeps_saved_indexes_threads(request, tmp_path_factory, case):
     _battery(request, tmp_path_factory, stats, "sweeps")(case)
 
 
-@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES_MISMATCH", 400)), **SETTINGS)
+@settings(max_examples=int(os.environ.get("JAXRESCORE_BATTERY_EXAMPLES_MISMATCH", 300)), **SETTINGS)
 @given(case=mismatched_strategy())
 @example(case={  # issue 19 item 1: a fixed-length target shorter than its draft
     "name": "issue19-longer-draft", "vocab": 3, "eos": None, "max_len": 2, "target_seed": 3, "draft_seed": 4,
