@@ -9,7 +9,6 @@ import pytest
 from brute import TableModel, as_model
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.models.callable import CallableModel
-from jaxrescore.models.frontier import FrontierScores
 from jaxrescore.rescore.frontier import Structure, complete, view_lengths
 
 
@@ -59,42 +58,58 @@ def test_noise_a_query_can_see_refuses_the_proof():
     assert RescoredIndex(SeekIndex(draft), quiet, rerank_window=0).top_k(3, prove=True).proven is True
 
 
-def test_a_score_that_is_not_the_sum_of_its_steps_is_refused():
+def _foreign_target(alter):
+    """A foreign length-2 target over 3 tokens whose ``score_frontier`` answers are ``alter``-ed
+    (``alter(FrontierScores) -> FrontierScores``), and a RescoredIndex over it."""
     target = as_model(TableModel(3, 2, 5))
 
-    class Lying:
+    class Foreign:
         vocab_size, eos, max_len = 3, None, 2
+
+        def next_logprobs(self, prefixes, lengths):
+            return target.next_logprobs(prefixes, lengths)
 
         def score_sequences(self, seqs):
             return target.score_sequences(seqs)
 
         def score_frontier(self, seqs, *, top_m):
-            fs = target.score_frontier(seqs, top_m=top_m)
-            return fs._replace(scores=fs.scores + 0.5 * (fs.scores > -np.inf))
+            return alter(target.score_frontier(seqs, top_m=top_m))
 
-    ri = RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Lying(), rerank_window=2)
+    return RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Foreign(), rerank_window=2, top_m=2)
+
+
+def test_a_score_that_is_not_the_sum_of_its_steps_is_refused():
+    ri = _foreign_target(lambda fs: fs._replace(scores=fs.scores + 0.5 * (fs.scores > -np.inf)))
     with pytest.raises(ValueError, match="sum of its step log-probs"):
         ri.top_k(2)
 
 
 def test_a_top_m_token_outside_the_vocabulary_is_refused():
-    target = as_model(TableModel(3, 2, 5))
+    def wide(fs):
+        ids = fs.top_ids.copy()
+        ids[:, 0, 0] = 7
+        return fs._replace(top_ids=ids)
 
-    class Wide:
-        vocab_size, eos, max_len = 3, None, 2
-
-        def score_sequences(self, seqs):
-            return target.score_sequences(seqs)
-
-        def score_frontier(self, seqs, *, top_m):
-            fs = target.score_frontier(seqs, top_m=top_m)
-            ids = fs.top_ids.copy()
-            ids[:, 0, 0] = 7
-            return FrontierScores(fs.scores, fs.steps, fs.top_lps, ids, fs.eos_lps)
-
-    ri = RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Wide(), rerank_window=2, top_m=2)
     with pytest.raises(ValueError, match="outside its vocabulary"):
-        ri.top_k(2)
+        _foreign_target(wide).top_k(2)
+
+
+def test_the_rest_bound_does_not_rely_on_the_top_m_order():
+    """A foreign forward naming its top-m in ascending order: the "rest" bound reads the smallest
+    named value wherever it stands, and the proof stays exact."""
+    def ascending(fs):
+        order = np.argsort(fs.top_lps, axis=2, kind="stable")
+        return fs._replace(top_lps=np.take_along_axis(fs.top_lps, order, axis=2),
+                           top_ids=np.take_along_axis(fs.top_ids, order, axis=2))
+
+    t = as_model(TableModel(3, 2, 5))
+    support = list(itertools.product(range(3), repeat=2))
+    truth = sorted(t.score_sequences(support).tolist(), reverse=True)[:2]
+    for window in (0, 2):
+        ri = _foreign_target(ascending)
+        ri.rerank_window = window
+        r = ri.top_k(2, prove=True)
+        assert r.proven is True and np.allclose([lp for _, lp in r.items], truth, atol=1e-9)
 
 
 @pytest.mark.parametrize("prove", [False, True])

@@ -20,7 +20,7 @@ Which exits count (the target's support decides, never the draft's):
   support, so only the eos exit counts there; everywhere else every token not already a child is
   an exit (``eos`` included: ``p + eos`` is itself a complete sequence);
 - the forward gives, per position, the top-m log-probs with ids: non-child tokens among them are
-  exits with exact values, and every token outside them has log-prob <= the m-th value, one
+  exits with exact values, and every token outside them has log-prob <= the smallest of them, one
   "rest" exit (token -1) with that value (unless ``m >= V``). A node whose full row was fetched
   has exact exits for every token instead;
 - a live node with no distribution at all (a leaf that is not a complete sequence, e.g. a pulled
@@ -43,7 +43,8 @@ The assumptions, all of them, about the target (checked at query time by
    ``max_len`` tokens (no ``eos``) or ending at their first ``eos`` within ``max_len``;
 2. a sequence's score is the sum of its step log-probs, and each step read from a position's
    distribution is ``<= 0`` (clipped: a log-softmax can return ``+1e-7``);
-3. every token outside a position's top-m has log-prob at most the m-th value;
+3. the m values named at a position are its m largest: every other token has log-prob at most
+   the smallest of them (read as the minimum, so their order is not assumed);
 4. one prefix's numbers agree between forwards within the target's ``score_tolerance``: where
    the scored set holds the same prefix more than once (two scored sequences sharing it, two
    rounds, a fetched full row), the largest difference seen is :attr:`Frontier.moved`, and a
@@ -393,14 +394,15 @@ def _top_m_exits(s, trie, structure, nodes, occ, prefix_score, floor=-np.inf) ->
     dep = [depths[k_idx]]
     tok = [ids[k_idx, j_idx]]
     val = [prefix_score[nodes[k_idx]] + vals[k_idx, j_idx]]
-    # Tokens outside the top-m: at most the m-th value each (none when m covers a KNOWN
-    # vocabulary; a whole row padded to m ends in -inf, so it has none either).
+    # Tokens outside the top-m: at most the smallest named value each (none when m covers a
+    # KNOWN vocabulary; a whole row padded to m holds -inf, so it has none either).
     if structure.vocab_size is None or m < structure.vocab_size:
-        rest = ~last & np.isfinite(vals[:, -1])
+        low = vals.min(axis=1)
+        rest = ~last & np.isfinite(low)
         seq.append(trie.first[nodes[rest], 0])
         dep.append(depths[rest])
         tok.append(np.full(int(rest.sum()), REST))
-        val.append(prefix_score[nodes[rest]] + vals[rest, -1])
+        val.append(prefix_score[nodes[rest]] + low[rest])
     if structure.eos is not None and last.any():
         eos_vals = s.eos_lps[rows[last], depths[last]].astype(np.float64)
         open_ = ~_is_child(trie, nodes[last], np.full(int(last.sum()), structure.eos)) & np.isfinite(eos_vals)
