@@ -43,8 +43,7 @@ TRACE_COUNTS: collections.Counter = collections.Counter()
 
 DEFAULT_MAX_ROUNDS = 32
 # A search's default budget of target sequences grows with the answer: 65,536, or 1,024 per item
-# asked (start + k), whichever is larger (the wide workload's hardest prompt at k = 100 needs
-# more than 65,536 with a 3-gram draft).
+# asked (start + k), whichever is larger, so a larger k is never held to a small k's budget.
 DEFAULT_MAX_SEQUENCES = 1 << 16
 SEQUENCES_PER_ITEM = 1024
 # Minimum padded rows and output slots of the jitted core (see RescoredIndex._core).
@@ -175,8 +174,8 @@ class RescoredIndex:
         self._score = as_scorer(target)
         self.draft_index = draft_index
         self.target = target
-        self._draft_model_arg = draft_model
         self.draft_model = completion_model(draft_index, draft_model, target)
+        self._draft_scorer = draft_scorer(draft_index, draft_model, self.draft_model)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._positions = 0
         self._lock = threading.RLock()
@@ -470,7 +469,7 @@ class RescoredIndex:
         """The draft's log-probs ``float64[N]`` of sequences the search found: ``-inf`` for one
         outside the draft's support (evidence against a gap, see :mod:`jaxrescore.rescore.core`),
         NaN where no draft model can say."""
-        model = draft_scorer(self.draft_index, self._draft_model_arg, self.draft_model)
+        model = self._draft_scorer
         out = np.full(len(seqs), np.nan)
         structure = target_structure(model) if model is not None else None
         if structure is None:

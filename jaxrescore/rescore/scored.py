@@ -31,20 +31,10 @@ def target_structure(target: Any) -> Structure | None:
     (a bare scoring function). An inferred vocabulary is reported as unknown (``vocab_size
     None``), never as its current width."""
     try:
-        vocab = None if _vocab_inferred(target) else int(target.vocab_size)
+        vocab = None if getattr(target, "vocab_inferred", False) is True else int(target.vocab_size)
         return Structure(vocab, None if target.eos is None else int(target.eos), int(target.max_len))
     except (AttributeError, TypeError, ValueError):
         return None
-
-
-def _vocab_inferred(model: Any) -> bool:
-    """Whether ``model`` (or the model it wraps: a prompted or checked model) infers its
-    vocabulary from the tables it has seen."""
-    while model is not None:
-        if getattr(model, "vocab_inferred", False) is True:
-            return True
-        model = getattr(model, "base", None) or getattr(model, "model", None)
-    return False
 
 
 def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
@@ -88,22 +78,25 @@ def frontier_scores(model: Any, rows: list, top_m: int, prompts: list | None = N
     skipped, when ``prompts`` are given). An empty view (a sequence whose first token the target
     cannot read) has no position: it is left out of the call and padded here."""
     keep = [i for i, r in enumerate(rows) if len(r)]
-    if not keep:
-        return FrontierScores(np.full(len(rows), -np.inf), np.zeros((len(rows), 1)),
-                              np.full((len(rows), 1, top_m), -np.inf, np.float32),
-                              np.zeros((len(rows), 1, top_m), np.int32), np.full((len(rows), 1), -np.inf, np.float32))
-    if prompts is None:
-        fs = model.score_frontier([rows[i] for i in keep], top_m=top_m)
-    else:
-        seqs = from_tuples([tuple(prompts[i]) + rows[i] for i in keep])
-        fs = model.score_frontier(seqs, top_m=top_m, skip=np.array([len(prompts[i]) for i in keep], np.int32))
-    if len(keep) == len(rows):
-        return fs
-    out = FrontierScores(np.full(len(rows), -np.inf), *(
-        np.full((len(rows),) + a.shape[1:], fill, a.dtype) for a, fill in zip(fs[1:], (0.0, -np.inf, 0, -np.inf))))
-    for full, part in zip(out, fs):
+    if keep and len(keep) == len(rows):
+        return _score_frontier(model, rows, top_m, prompts)
+    fs = None
+    if keep:
+        fs = _score_frontier(model, [rows[i] for i in keep], top_m, None if prompts is None else [prompts[i] for i in keep])
+    n, (width, m) = len(rows), (1, top_m) if fs is None else fs.top_lps.shape[1:]
+    out = FrontierScores(np.full(n, -np.inf), np.zeros((n, width)), np.full((n, width, m), -np.inf, np.float32),
+                         np.zeros((n, width, m), np.int32), np.full((n, width), -np.inf, np.float32))
+    for full, part in zip(out, () if fs is None else fs):
         full[keep] = part
     return out
+
+
+def _score_frontier(model: Any, rows: list, top_m: int, prompts: list | None) -> FrontierScores:
+    """One ``score_frontier`` call over non-empty ``rows`` (each after its prompt, skipped)."""
+    if prompts is None:
+        return model.score_frontier(rows, top_m=top_m)
+    seqs = from_tuples([tuple(p) + r for p, r in zip(prompts, rows)])
+    return model.score_frontier(seqs, top_m=top_m, skip=np.array([len(p) for p in prompts], np.int32))
 
 
 def checked_frontier(fs: FrontierScores, seqs: list, ok: np.ndarray, tolerance: float) -> np.ndarray:
