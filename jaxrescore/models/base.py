@@ -103,6 +103,11 @@ def check_weights(weights, n: int) -> np.ndarray:
     return w
 
 
+def is_token_string(word) -> bool:
+    """Whether ``word`` can be a vocabulary entry: a non-empty str without tabs or line breaks."""
+    return isinstance(word, str) and bool(word) and not any(c in word for c in "\t\r\n")
+
+
 def check_vocabulary(vocabulary, vocab_size: int) -> tuple[str, ...] | None:
     """A model's token strings checked: None, or ``vocab_size`` distinct non-empty strings without
     line breaks or tabs (token id ``i`` reads as ``vocabulary[i]``), as a tuple."""
@@ -116,7 +121,7 @@ def check_vocabulary(vocabulary, vocab_size: int) -> tuple[str, ...] | None:
         raise ValueError(f"vocabulary must be a sequence of {vocab_size} token strings, got {type(vocabulary).__name__}") from None
     if len(words) != vocab_size:
         raise ValueError(f"vocabulary must have one string per token id ({vocab_size}), got {len(words)}")
-    bad = [w for w in words if not isinstance(w, str) or not w or any(c in w for c in "\t\r\n")]
+    bad = [w for w in words if not is_token_string(w)]
     if bad:
         raise ValueError(f"vocabulary entries must be non-empty strings without tabs or line breaks, got {bad[:3]!r}")
     if len(set(words)) != len(words):

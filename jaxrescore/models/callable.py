@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore.models.base import is_float_dtype
+from jaxrescore.models.base import check_vocabulary, is_float_dtype, is_token_string
 from jaxrescore.models.frontier import (
     BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
@@ -383,13 +383,12 @@ def _token_names(tokens, eos, vocab_size, batched: bool):
     if tokens is None:
         _check_name(eos)
         return [eos], 0, vocab_size
-    if isinstance(tokens, (str, bytes)):
-        raise ValueError("tokens must be a sequence of token strings, got one string")
-    names = list(tokens)
-    for name in names:
-        _check_name(name)
-    if len(set(names)) != len(names):
-        raise ValueError(f"tokens must be distinct, got duplicates {sorted({n for n in names if names.count(n) > 1})[:3]!r}")
+    try:
+        names = list(check_vocabulary(tokens, len(tokens)))
+    except TypeError:
+        raise ValueError(f"tokens must be a sequence of token strings, got {type(tokens).__name__}") from None
+    except ValueError as err:  # the vocabulary's rule, named after this argument
+        raise ValueError(f"tokens: {err}") from None
     if vocab_size is not None and vocab_size != len(names):
         raise ValueError(f"vocab_size={vocab_size!r} disagrees with the {len(names)} tokens given")
     if isinstance(eos, str):
@@ -400,7 +399,7 @@ def _token_names(tokens, eos, vocab_size, batched: bool):
 
 
 def _check_name(name) -> None:
-    if not isinstance(name, str) or not name or any(c in name for c in "\t\r\n"):
+    if not is_token_string(name):
         raise ValueError(f"a token string must be a non-empty str without tabs or line breaks, got {name!r}")
 
 
