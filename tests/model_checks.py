@@ -97,3 +97,15 @@ def check_frontier(model, seqs, *, atol=2e-4, skip=None, top_m=3) -> None:
             np.testing.assert_allclose(fs.steps[i, j], row[s[skip[i] + j]], atol=atol)
             if model.eos is not None:
                 np.testing.assert_allclose(fs.eos_lps[i, j], row[model.eos], atol=atol)
+
+
+def check_cached_rows(lm, vocab: int, max_len: int, rows: int = 12, seed: int = 3) -> None:
+    """``lm`` decodes incrementally, and its cached rows equal its full-forward rows."""
+    from jaxrescore.models.decoding import decoding_session
+
+    rng = np.random.default_rng(seed)
+    pre = rng.integers(1, vocab, size=(rows, max_len - 1)).astype(np.int32)
+    lens = rng.integers(0, max_len, size=rows).astype(np.int32)
+    session = decoding_session(lm)
+    assert session is not None
+    np.testing.assert_allclose(session.next_logprobs(pre, lens), lm.next_logprobs(pre, lens), atol=1e-5)

@@ -38,6 +38,20 @@ def assert_exact(result, truth: dict, start: int, k: int, what: str) -> None:
     )
 
 
+def assert_top1_proven(make, truth: dict, windows, what: str) -> None:
+    """For each window and both query kinds, ``make(window)`` (a fresh RescoredIndex) answers a
+    proven top-1 only when it is the exact one, and ``prove=True`` always proves (``what``: the
+    support, for the message)."""
+    for window in windows:
+        for prove in (False, True):
+            r = make(window).top_k(1, prove=prove)
+            where = f"window={window} prove={prove}"
+            if r.proven:
+                assert_exact(r, truth, 0, 1, where)
+            if prove:
+                assert r.proven is True, f"{where}: {what} was not proven: {r.proof_reason}"
+
+
 def table_fn(rows: dict, vocab: int):
     """A per-prefix function over ``rows`` (prefix -> log-prob row); unlisted prefixes uniform."""
     def fn(prefix):
@@ -57,14 +71,8 @@ def test_fixed_length_target_shorter_than_its_draft():
     target = CallableModel(lambda p: (np.arange(V), np.log([0.9, 0.05, 0.05])), vocab_size=V, max_len=2)
     draft = CallableModel(lambda p: (np.arange(V), np.log([0.6, 0.3, 0.1])), vocab_size=V, max_len=3)
     truth = support_scores(target, V, 2)
-    for window in (0, 2, 30):
-        for prove in (False, True):
-            r = RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=window).top_k(1, prove=prove)
-            what = f"window={window} prove={prove}"
-            if r.proven:
-                assert_exact(r, truth, 0, 1, what)
-            if prove:
-                assert r.proven is True, f"{what}: a 9-sequence support was not proven: {r.proof_reason}"
+    assert_top1_proven(lambda w: RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=w),
+                       truth, (0, 2, 30), "a 9-sequence support")
 
 
 def test_eos_target_under_a_fixed_length_draft_that_places_eos_mid_sequence():
@@ -75,15 +83,8 @@ def test_eos_target_under_a_fixed_length_draft_that_places_eos_mid_sequence():
     t_model, d_model = as_model(target), as_model(draft)
     truth = support_scores(t_model, 3, 3)
     assert len(truth) == 7
-    for window in (0, 1, 2, 30):
-        for prove in (False, True):
-            ri = RescoredIndex(SeekIndex(d_model, progress=False), t_model, rerank_window=window)
-            r = ri.top_k(1, prove=prove)
-            what = f"window={window} prove={prove}"
-            if r.proven:
-                assert_exact(r, truth, 0, 1, what)
-            if prove:
-                assert r.proven is True, f"{what}: a 7-sequence support was not proven: {r.proof_reason}"
+    assert_top1_proven(lambda w: RescoredIndex(SeekIndex(d_model, progress=False), t_model, rerank_window=w),
+                       truth, (0, 1, 2, 30), "a 7-sequence support")
 
 
 # ---- 2. an inferred vocabulary with top_m < V ---------------------------------------------------
@@ -110,21 +111,14 @@ def test_inferred_vocabulary_target_with_default_top_m():
             return np.arange(V), root
         return np.arange(V), np.full(V, -math.log(V))
 
-    target = CallableModel(target_fn, max_len=2)  # no vocab_size: inferred
     draft = CallableModel(draft_fn, vocab_size=V, max_len=2)
     truth = support_scores(CallableModel(target_fn, vocab_size=V, max_len=2), V, 2)
     best = max(truth, key=truth.get)
     assert best == (V - 1, 0)
-    for window in (0, 5):
-        for prove in (False, True):
-            target = CallableModel(target_fn, max_len=2)
-            ri = RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=window)
-            r = ri.top_k(1, prove=prove)
-            what = f"window={window} prove={prove}"
-            if r.proven:
-                assert_exact(r, truth, 0, 1, what)
-            if prove:
-                assert r.proven is True, f"{what}: a 1,600-sequence support was not proven: {r.proof_reason}"
+    # a fresh inferred-vocabulary target each time: none has seen a table before its query
+    assert_top1_proven(
+        lambda w: RescoredIndex(SeekIndex(draft, progress=False), CallableModel(target_fn, max_len=2), rerank_window=w),
+        truth, (0, 5), "a 1,600-sequence support")
 
 
 # ---- 3. infinite excess refutes -----------------------------------------------------------------
