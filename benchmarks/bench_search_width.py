@@ -152,8 +152,8 @@ rank (within the target's 1e-3 tolerance: near-ties may swap), and the proofs' w
 ![search width](figures/search_width.png)
 
 The default (`search_width=8`): {"; ".join(f"{r[0]} k={r[2]}: {r[4]} fewer calls at {r[6]} the positions" for r in default)}.
-The positions left above 1x are mostly recomputation: every scored row is a full forward from
-the prompt on, where cached best-first pays one position per prefix.
+Unlike units are not mixed: both columns count token positions. The proof's are full forwards
+(every scored row from the prompt on), cached best-first's one position per expanded prefix.
 """
     return section("Proving search width: calls against positions", COMMAND, body)
 
