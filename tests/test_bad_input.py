@@ -152,7 +152,7 @@ def test_good_duck_rows_pass_and_are_clipped():
         (dict(eos=True), "duck.eos .*bool"),
         (dict(max_len=2.7), "duck.max_len must be an integer >= 1, got 2.7"),
         (dict(vocab_size=0), "duck.vocab_size"),
-        (dict(vocab_size=3.0), "duck.vocab_size"),
+        (dict(vocab_size=3.5), "duck.vocab_size"),
     ],
 )
 def test_bad_duck_attributes_are_refused_by_name(attrs, match):
@@ -230,7 +230,7 @@ def test_token_batches_refuse_floats_wraparound_and_nesting():
         (lambda: TransformerLM(TransformerConfig(vocab_size=4), seed=1.5), "seed"),
         (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3, max_len=2.7), "max_len .*2.7"),
         (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=True), "eos .*bool"),
-        (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3.0), "eos .*float"),
+        (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3.5), "eos .*float"),
         (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3, order=True), "order"),
         (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3, discount="0.5"), "discount"),
         (lambda: NGramLM.fit([(0, 1, 3)], vocab_size=4, eos=3, weights=["a"]), "weights"),

@@ -8,11 +8,11 @@ step counted in its score) with at most ``max_len`` tokens, EOS included.
 
 from __future__ import annotations
 
-import numbers
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from jaxrescore._checks import check_int
 from jaxrescore.sequences import SequenceBatch
 
 
@@ -43,24 +43,6 @@ class AutoregressiveEnumerable(Protocol):
         """Log-probs ``float[N]`` of whole sequences: one teacher-forcing forward, EOS step
         included, padding masked. ``seqs`` is a SequenceBatch or a list of token sequences."""
         ...
-
-
-def check_int(value, name: str, *, minimum: int = 0, maximum: int | None = None, allow_none: bool = False):
-    """``value`` as an ``int`` in ``[minimum, maximum)``: a Python or numpy integer, never a bool
-    (``True`` is not a token id or a length) nor a float (``2.7`` is not silently cut to 2).
-    ValueError naming ``name``, the value and what is accepted otherwise.
-    """
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        accepted = f"an integer >= {minimum}" + ("" if maximum is None else f" and < {maximum}")
-        if allow_none:
-            accepted = "None or " + accepted
-        raise ValueError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
-    if int(value) < minimum or (maximum is not None and int(value) >= maximum):
-        where = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum})"
-        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}an integer {where}, got {int(value)}")
-    return int(value)
 
 
 def is_float_dtype(dtype) -> bool:

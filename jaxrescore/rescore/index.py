@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jaxrescore._checks import check_float, check_int
 from jaxrescore.models.frontier import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.core import CERT_NONE, CERT_TRUE, GapCarry, rescore_sweep
 from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
@@ -59,45 +60,27 @@ def _traced_sweep(*args, k_max, tolerance, evidence):
 _jit_sweep = jax.jit(_traced_sweep, static_argnames="k_max")
 
 
-def require_int(value: Any, name: str, *, minimum: int) -> int:
-    """An exact integer ``>= minimum`` (integral floats such as ``4.0`` accepted; bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if isinstance(value, (float, np.floating)) and not (math.isfinite(value) and value == math.floor(value)):
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def search_budget(max_rounds: Any, max_sequences: Any, start: int, k: int) -> SearchBudget:
     """The budget of one search: ``max_rounds`` >= 1, and ``max_sequences`` >= 1 or None (then
     :data:`DEFAULT_MAX_SEQUENCES` or :data:`SEQUENCES_PER_ITEM` per item asked, the larger)."""
-    rounds = require_int(max_rounds, "max_rounds", minimum=1)
+    rounds = check_int(max_rounds, "max_rounds", minimum=1)
     if max_sequences is None:
         return SearchBudget(rounds, max(DEFAULT_MAX_SEQUENCES, SEQUENCES_PER_ITEM * (start + k)))
-    return SearchBudget(rounds, require_int(max_sequences, "max_sequences", minimum=1))
+    return SearchBudget(rounds, check_int(max_sequences, "max_sequences", minimum=1))
 
 
 def require_gap(value: Any, name: str = "assumed_gap") -> float | None:
-    """None, or a finite non-negative float."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be None or a finite number >= 0 (nats), got {value!r}")
-    gap = float(value)
-    if not math.isfinite(gap) or gap < 0:
-        raise ValueError(f"{name} must be None or a finite number >= 0 (nats), got {value!r}")
-    return gap
+    """None, or a finite number of nats >= 0."""
+    return check_float(value, name, minimum=0.0, allow_none=True, unit="nats")
 
 
 class _Query:
     __slots__ = ("start", "k", "window", "gap")
 
     def __init__(self, start, k, window, gap):
-        self.start = require_int(start, "start", minimum=0)
-        self.k = require_int(k, "k", minimum=1)
-        self.window = require_int(window, "rerank_window", minimum=0)
+        self.start = check_int(start, "start", minimum=0)
+        self.k = check_int(k, "k", minimum=1)
+        self.window = check_int(window, "rerank_window", minimum=0)
         self.gap = require_gap(gap)
 
     @property
@@ -165,11 +148,11 @@ class RescoredIndex:
         completion_branch: int = 1,
         search_width: int | None = SEARCH_WIDTH,
     ):
-        self.rerank_window = require_int(rerank_window, "rerank_window", minimum=0)
+        self.rerank_window = check_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
         self.top_m = check_top_m(top_m)
-        self.completion_branch = require_int(completion_branch, "completion_branch", minimum=1)
-        self.search_width = None if search_width is None else require_int(search_width, "search_width", minimum=1)
+        self.completion_branch = check_int(completion_branch, "completion_branch", minimum=1)
+        self.search_width = None if search_width is None else check_int(search_width, "search_width", minimum=1)
         self._draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrescore._checks import check_int
 from jaxrescore.models.frontier import FrontierScores
 from jaxrescore.rescore.index import (
     DEFAULT_MAX_ROUNDS,
@@ -13,7 +14,6 @@ from jaxrescore.rescore.index import (
     RescoreResult,
     _Query,
     as_scorer,
-    require_int,
     search_budget,
 )
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, forward_rows, frontier_scores
@@ -93,7 +93,7 @@ def rescore_many(
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
     if not isinstance(prove, (bool, np.bool_)):
         raise ValueError(f"prove must be True or False, got {prove!r}")
-    budget = search_budget(max_rounds, max_sequences, 0, require_int(k, "k", minimum=1))
+    budget = search_budget(max_rounds, max_sequences, 0, check_int(k, "k", minimum=1))
     queries = [[_Query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
     prepared = [ri._prepare(q) for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
