@@ -21,8 +21,8 @@ from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data.names import encode, load_names
 from jaxrescore.demo import GAP_MARGIN, PROVE_WINDOW, fit_draft, load_target
 from jaxrescore.index.best_first import best_first_top_k
-from jaxrescore.models import estimate_top_gap
-from jaxrescore.models.frontier import FLOAT32_TOLERANCE, TABLE_TOLERANCE
+from jaxrescore.rescore import estimate_top_gap
+from jaxrescore.models.scores import FLOAT32_TOLERANCE, TABLE_TOLERANCE
 
 COMMAND = "python3 benchmarks/run.py --only proven"
 
@@ -154,7 +154,7 @@ What `proven` guarantees: the returned items are the target's exact top-k (or sl
 whole support, up to the target's own float noise: the worst returned score must clear the
 frontier bound by the target's `score_tolerance` ({FLOAT32_TOLERANCE:g} nats for float32 JAX
 models, a margin over the score movement between forwards of one sequence that
-`jaxrescore.models.frontier` documents; {TABLE_TOLERANCE:g} for table models whose rows do not
+`jaxrescore.models.scores` documents; {TABLE_TOLERANCE:g} for table models whose rows do not
 depend on the batch: per-prefix CallableModel, NGramLM).
 """
     return section("Proven top-k on the names models: speculative exact search against best-first search", COMMAND, text)

@@ -31,7 +31,7 @@ from jaxrescore import RescoredIndex, SeekIndex, rescore_many  # noqa: E402
 from jaxrescore.index import beam_search  # noqa: E402
 from jaxrescore.index.best_first import best_first_top_k  # noqa: E402
 from jaxrescore.index.seek import IndexLimitError  # noqa: E402
-from jaxrescore.models import estimate_top_gap  # noqa: E402
+from jaxrescore.rescore import estimate_top_gap  # noqa: E402
 from jaxrescore.models.decoding import decoding_session  # noqa: E402
 from jaxrescore.models.prompt import PromptedModel  # noqa: E402
 

@@ -11,7 +11,7 @@ the target (no draft), and the spec's gap-certified query. That certificate need
 ``G``; it only has to hold where an answer can come from: if every sequence with target log-prob
 ``>= tau`` has ``target - draft <= G``, and the worst returned score ``w`` satisfies ``w >= tau``
 and ``w >= bound + G``, no unpulled sequence can beat ``w``. The default ``G`` is the one-sided gap
-observed on measured sequences above ``tau`` (:func:`~jaxrescore.models.gap.estimate_top_gap`)
+observed on measured sequences above ``tau`` (:func:`~jaxrescore.rescore.gap.estimate_top_gap`)
 plus a margin, and the demo reports whether ``w >= tau``. It is an estimate from a finite sample:
 the output always says so.
 """
@@ -416,7 +416,7 @@ def run_demo(
       window: rerank window of both runs; None: :data:`PROVE_WINDOW` for the proof, and a
         certificate-driven window for the gap run (see :func:`certified_top_k`).
       gap: assumed max ``target - draft`` in nats for the gap run; None = estimated with
-        :func:`~jaxrescore.models.gap.estimate_top_gap` plus :data:`GAP_MARGIN`.
+        :func:`~jaxrescore.rescore.gap.estimate_top_gap` plus :data:`GAP_MARGIN`.
       prefix: only names starting with it (both models are prompted with it; log-probs are then
         conditional on the prefix).
       target_path: target weights (default: the shipped ones).
@@ -493,7 +493,7 @@ def run_demo(
 
 def _gap_run(index, draft, target, k, window, gap, prefix, answer) -> dict:
     """The gap-certified query of :func:`run_demo`, with where its gap came from."""
-    from jaxrescore.models.gap import estimate_top_gap
+    from jaxrescore.rescore.gap import estimate_top_gap
 
     if gap is None:
         common = [encode(n[len(prefix):]) for n, _ in load_names() if n.startswith(prefix)]
@@ -658,7 +658,7 @@ def read_corpus(path, model) -> tuple[list[tuple[int, ...]], np.ndarray]:
     exactly ``max_len`` tokens. Blank lines are skipped. DemoArgumentError naming the file and
     line for anything else.
     """
-    from jaxrescore.models.base import check_vocabulary, encode_text
+    from jaxrescore.models.vocabulary import check_vocabulary, encode_text
 
     path = Path(path)
     if not path.is_file():
@@ -734,7 +734,7 @@ def _vocabulary(target, draft):
 
 
 def _prompt_tokens(prompt, prompt_text, vocabulary, eos) -> tuple[int, ...]:
-    from jaxrescore.models.base import encode_text
+    from jaxrescore.models.vocabulary import encode_text
 
     if prompt_text is None:
         return tuple(prompt)
@@ -789,7 +789,7 @@ def run_enumerate(
     """
     import time
 
-    from jaxrescore.models.base import decode_tokens
+    from jaxrescore.models.vocabulary import decode_tokens
 
     k, window, gap = _check_k(k), _check_window(window), _check_gap(gap)
     if (draft_path is None) == (draft_corpus is None):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.index import SeekIndex
-from jaxrescore.models.frontier import DEFAULT_TOP_M
+from jaxrescore.models.scores import DEFAULT_TOP_M
 from jaxrescore.models.text import encode_prompt
 from jaxrescore.rescore.index import DEFAULT_MAX_ROUNDS, RescoredIndex
 from jaxrescore.rescore.many import rescore_many

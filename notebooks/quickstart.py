@@ -46,7 +46,7 @@ from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data import decode, encode, load_names, name_ranks
 from jaxrescore.demo import fit_draft, load_target
 from jaxrescore.index.best_first import best_first_top_k
-from jaxrescore.models import estimate_top_gap
+from jaxrescore.rescore import estimate_top_gap
 
 # %% [markdown]
 # ## 1. Data and models

@@ -14,7 +14,8 @@ import pytest
 
 from brute import TableModel, as_model
 from jaxrescore import CallableModel, NGramLM, RescoredIndex, SeekIndex, TransformerConfig, TransformerLM
-from jaxrescore.models import estimate_gap, estimate_top_gap, from_apply_fn, load_model, quantize_int8, sample_sequences, save_model
+from jaxrescore.models import from_apply_fn, load_model, quantize_int8, sample_sequences, save_model
+from jaxrescore.rescore import estimate_gap, estimate_top_gap
 from jaxrescore.models.checked import CheckedModel, checked_model, model_rows
 from jaxrescore.models.checkpoint import ModelFileError
 from jaxrescore.rescore.search import completion_model

@@ -855,7 +855,7 @@ def test_battery_float32_jax_models(request, eos):
     import jax
 
     from jaxrescore import NGramLM, TransformerConfig, TransformerLM, quantize_int8
-    from jaxrescore.models.sampling import sample_sequences
+    from jaxrescore.models.generate import sample_sequences
 
     stats = Stats()
     for seed in range(3):

@@ -13,7 +13,7 @@ from jaxrescore.models.apply_fn import from_apply_fn
 from jaxrescore.models.int8 import quantize_int8
 from jaxrescore.models.ngram import NGramLM
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
-from jaxrescore.rescore.frontier import Structure
+from jaxrescore.models.base import Structure
 from jaxrescore.rescore.search import greedy_complete
 from model_checks import check_protocol
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from jaxrescore.models.callable import CallableModel
-from jaxrescore.models.gap import GapEstimate, estimate_gap
+from jaxrescore.rescore.gap import GapEstimate, estimate_gap
 from jaxrescore.models.ngram import NGramLM
-from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.generate import sample_sequences
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxrescore.models.ngram import NGramLM
 from jaxrescore.models.prompt import PromptedModel
-from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.generate import sample_sequences
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
 

@@ -9,7 +9,8 @@ import pytest
 from brute import TableModel, as_model
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.models.callable import CallableModel
-from jaxrescore.rescore.frontier import Structure, complete, view_lengths
+from jaxrescore.models.base import Structure
+from jaxrescore.rescore.frontier import complete, view_lengths
 
 
 def _table(vocab, seed):

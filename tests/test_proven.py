@@ -232,7 +232,7 @@ def test_transformer_target_with_int8_and_ngram_drafts():
     import itertools
 
     from jaxrescore import NGramLM, TransformerConfig, TransformerLM, quantize_int8
-    from jaxrescore.models.sampling import sample_sequences
+    from jaxrescore.models.generate import sample_sequences
 
     cfg = TransformerConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, max_len=4, eos=0)
     target = TransformerLM(cfg, seed=3)

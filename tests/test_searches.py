@@ -7,7 +7,7 @@ import pytest
 from brute import BruteIndex, TableModel, as_model, true_excess
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.index.best_first import best_first_top_k
-from jaxrescore.models import estimate_top_gap
+from jaxrescore.rescore import estimate_top_gap
 
 
 def pair(seed, vocab=3, max_len=5, eos=2, noise=0.3):
@@ -115,7 +115,7 @@ def _greedy_by_hand(table, prefixes, eos, max_len, branch):
 
 @pytest.mark.parametrize("eos, branch", [(None, 1), (None, 3), (2, 1), (2, 2), (0, 4)])
 def test_greedy_completion_matches_the_one_row_at_a_time_rule(eos, branch):
-    from jaxrescore.rescore.frontier import Structure
+    from jaxrescore.models.base import Structure
     from jaxrescore.rescore.search import greedy_complete
 
     rng = np.random.default_rng(branch)

@@ -6,13 +6,12 @@ from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.checkpoint import load_model, save_model
 from jaxrescore.models.decoding import DecodingSession, decoding_session
-from jaxrescore.models.gap import GapEstimate, TopGapEstimate, estimate_gap, estimate_top_gap
 from jaxrescore.models.int8 import Int8TransformerLM, max_step_deviation, quantize_int8
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.ngram import NGramLM
 from jaxrescore.models.pretrained import PretrainedLM, from_pretrained
 from jaxrescore.models.prompt import PromptedModel
-from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.generate import sample_sequences
 from jaxrescore.models.training import distill, train_lm
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 
@@ -21,7 +20,6 @@ __all__ = [
     "AutoregressiveEnumerable",
     "CallableModel",
     "DecodingSession",
-    "GapEstimate",
     "Int8TransformerLM",
     "JaxLM",
     "NGramLM",
@@ -29,11 +27,8 @@ __all__ = [
     "PromptedModel",
     "TransformerConfig",
     "TransformerLM",
-    "TopGapEstimate",
     "decoding_session",
     "distill",
-    "estimate_gap",
-    "estimate_top_gap",
     "from_apply_fn",
     "from_equinox",
     "from_linen",

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder, StepDecode
-from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
+from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.typing import PyTree
 
@@ -119,7 +119,7 @@ def from_apply_fn(
         forward. ``score_sequences``/``score_frontier`` always use ``apply_fn``.
 
     The model's ``score_tolerance`` follows the logits' dtype: 1e-3 nats for float32, 0.1 for a
-    16-bit float (see :mod:`jaxrescore.models.frontier`).
+    16-bit float (see :mod:`jaxrescore.models.scores`).
     """
     if not callable(apply_fn):
         raise TypeError(f"apply_fn must be callable, got {type(apply_fn).__name__}")

@@ -8,7 +8,7 @@ step counted in its score) with at most ``max_len`` tokens, EOS included.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -43,6 +43,15 @@ class AutoregressiveEnumerable(Protocol):
         """Log-probs ``float[N]`` of whole sequences: one teacher-forcing forward, EOS step
         included, padding masked. ``seqs`` is a SequenceBatch or a list of token sequences."""
         ...
+
+
+class Structure(NamedTuple):
+    """A model's support as plain values: ``vocab_size`` (None: not known, e.g. inferred and still
+    growing), ``eos`` (None = fixed length) and ``max_len`` (see the module docstring)."""
+
+    vocab_size: int | None
+    eos: int | None
+    max_len: int
 
 
 def is_float_dtype(dtype) -> bool:
@@ -83,57 +92,3 @@ def check_weights(weights, n: int) -> np.ndarray:
             f"weights must be {n} finite non-negative numbers, not all zero; got shape {raw.shape}"
         )
     return w
-
-
-def is_token_string(word) -> bool:
-    """Whether ``word`` can be a vocabulary entry: a non-empty str without tabs or line breaks."""
-    return isinstance(word, str) and bool(word) and not any(c in word for c in "\t\r\n")
-
-
-def check_vocabulary(vocabulary, vocab_size: int) -> tuple[str, ...] | None:
-    """A model's token strings checked: None, or ``vocab_size`` distinct non-empty strings without
-    line breaks or tabs (token id ``i`` reads as ``vocabulary[i]``), as a tuple."""
-    if vocabulary is None:
-        return None
-    if isinstance(vocabulary, (str, bytes)):
-        raise ValueError(f"vocabulary must be a sequence of {vocab_size} token strings, got one string")
-    try:
-        words = tuple(vocabulary)
-    except TypeError:
-        raise ValueError(f"vocabulary must be a sequence of {vocab_size} token strings, got {type(vocabulary).__name__}") from None
-    if len(words) != vocab_size:
-        raise ValueError(f"vocabulary must have one string per token id ({vocab_size}), got {len(words)}")
-    bad = [w for w in words if not is_token_string(w)]
-    if bad:
-        raise ValueError(f"vocabulary entries must be non-empty strings without tabs or line breaks, got {bad[:3]!r}")
-    if len(set(words)) != len(words):
-        dup = sorted({w for w in words if words.count(w) > 1})
-        raise ValueError(f"vocabulary entries must be distinct, got duplicates {dup[:3]!r}")
-    return words
-
-
-def is_character_vocabulary(vocabulary: tuple[str, ...], eos: int | None) -> bool:
-    """Whether every token but ``eos`` is one character: text is then written without spaces."""
-    return all(len(w) == 1 for i, w in enumerate(vocabulary) if i != eos)
-
-
-def decode_tokens(tokens, vocabulary: tuple[str, ...], eos: int | None) -> str:
-    """A token sequence as text: each token's string (a trailing ``eos`` left out), joined without
-    spaces for a character vocabulary, else with single spaces."""
-    toks = [int(t) for t in tokens]
-    if eos is not None and toks and toks[-1] == eos:
-        toks = toks[:-1]
-    sep = "" if is_character_vocabulary(vocabulary, eos) else " "
-    return sep.join(vocabulary[t] for t in toks)
-
-
-def encode_text(text: str, vocabulary: tuple[str, ...], eos: int | None) -> tuple[int, ...]:
-    """The inverse of :func:`decode_tokens` (``eos`` appended when the model has one): characters
-    for a character vocabulary, else whitespace-separated token strings. ValueError naming the
-    first unknown token."""
-    index = {w: i for i, w in enumerate(vocabulary) if i != eos}
-    parts = list(text) if is_character_vocabulary(vocabulary, eos) else text.split()
-    unknown = [p for p in parts if p not in index]
-    if unknown:
-        raise ValueError(f"{text!r} has token {unknown[0]!r}, which is not in the model's vocabulary")
-    return tuple(index[p] for p in parts) + (() if eos is None else (eos,))

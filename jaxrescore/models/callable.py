@@ -23,7 +23,7 @@ tolerated and clipped to 0 in every row this model returns), a duplicate or out-
 prefix and what is wrong. The batched check is a few vectorised passes over the ``[B, V]`` block,
 cheap next to any forward that produced it. Rows may be any float dtype, bfloat16 included (a JAX
 function's 16-bit output); they are returned as float32, and once a 16-bit table has been seen the
-model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.frontier`).
+model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.scores`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Callable, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore.models.base import check_vocabulary, is_float_dtype, is_token_string
-from jaxrescore.models.frontier import (
+from jaxrescore.models.base import is_float_dtype
+from jaxrescore.models.vocabulary import check_vocabulary, is_token_string
+from jaxrescore.models.scores import (
     BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
     TABLE_TOLERANCE,
@@ -305,7 +306,7 @@ class CallableModel(PromptableMixin):
     def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
         log-prob, from the same next-token tables (see
-        :class:`~jaxrescore.models.frontier.FrontierScores`). Every real position of every row is
+        :class:`~jaxrescore.models.scores.FrontierScores`). Every real position of every row is
         evaluated, in the support or not; scores of rows outside the support are ``-inf``.
 
         Args:
@@ -341,7 +342,7 @@ class CallableModel(PromptableMixin):
         """Nats a score may move between calls: a per-prefix function returns the same table for
         a prefix every time; a batched one may depend on the batch (like any JAX forward); once
         a 16-bit float table (e.g. bfloat16 rows) has been seen, 0.1 (see
-        :mod:`jaxrescore.models.frontier`)."""
+        :mod:`jaxrescore.models.scores`)."""
         if self.low_precision:
             return BFLOAT16_TOLERANCE
         return FLOAT32_TOLERANCE if self.batched else TABLE_TOLERANCE

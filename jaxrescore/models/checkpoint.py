@@ -11,7 +11,7 @@ Format (version 2), a plain numpy ``.npz`` archive (readable with ``np.load`` al
   ``from_equinox``, ``from_apply_fn``; config: ``source``, the adapter, ``"nnx"``,
   ``"linen"``, ``"equinox"`` or ``"apply_fn"``; ``forward``, its forward's name, e.g.
   ``"nnx:MyLM"``; ``vocab_size``, ``eos``, ``max_len``, ``bos_id``);
-  ``vocabulary`` is the model's token strings (see :func:`~jaxrescore.models.base.check_vocabulary`)
+  ``vocabulary`` is the model's token strings (see :func:`~jaxrescore.models.vocabulary.check_vocabulary`)
   when it carries them; ``checksum`` is a SHA-256 over the rest of the header and every array
   (name, dtype, shape and bytes);
 - one array per weight, named by its path in the weights tree joined with ``/`` (bfloat16 weights,
@@ -54,8 +54,8 @@ import json
 import os
 from collections.abc import Sequence
 
+import jax
 import numpy as np
-
 from jax.sharding import Mesh
 
 from jaxrescore.files import checksum as _checksum
@@ -63,9 +63,10 @@ from jaxrescore.files import write_npz_atomic
 from jaxrescore.models.adapters import fixed_state, with_fixed_state
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.int8 import Int8TransformerLM
-from jaxrescore.models.ngram import NGramLM
-from jaxrescore.models.transformer import TransformerLM
+from jaxrescore.models.int8 import Int8TransformerLM, quantize_int8
+from jaxrescore.models.ngram import NGramLevel, NGramLM
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+from jaxrescore.models.vocabulary import check_vocabulary
 from jaxrescore.typing import PathLike
 
 FORMAT = "jaxrescore-model"
@@ -91,8 +92,6 @@ def _leaf_name(path) -> str:
 
 
 def _named_leaves(params) -> dict[str, np.ndarray]:
-    import jax
-
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
     return {_leaf_name(p): _storable(np.asarray(x)) for p, x in flat}
 
@@ -111,8 +110,6 @@ def _source(model: ApplyFnLM) -> tuple[str, str]:
 
 
 def _is_key(leaf) -> bool:
-    import jax
-
     dtype = getattr(leaf, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
@@ -121,8 +118,6 @@ def _adapter_arrays(tree, prefix: str, what: str) -> dict[str, np.ndarray]:
     """``tree``'s leaves as ``<prefix>/<path>`` arrays (``prefix`` alone for a bare array), typed
     RNG keys as their key data; TypeError for a leaf that is not a numeric array (an object),
     ValueError when two paths would share a name (``what`` names the tree in messages)."""
-    import jax
-
     arrays = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = _leaf_name(path)
@@ -144,10 +139,6 @@ def _adapter_arrays(tree, prefix: str, what: str) -> dict[str, np.ndarray]:
 
 def _contents(model) -> tuple[str, dict, dict]:
     """``(kind, config, arrays)`` of a savable model."""
-    from jaxrescore.models.int8 import Int8TransformerLM
-    from jaxrescore.models.ngram import NGramLM
-    from jaxrescore.models.transformer import TransformerLM
-
     if isinstance(model, NGramLM):
         config = {"order": model.order, "vocab_size": model.vocab_size, "eos": model.eos,
                   "max_len": model.max_len, "discounts": list(model.discounts)}
@@ -197,7 +188,6 @@ def save_model(
       vocabulary: the token strings to store (default: ``model.vocabulary`` when the model
         carries one), so tools such as ``jaxrescore enumerate`` print text instead of ids.
     """
-    from jaxrescore.models.base import check_vocabulary
 
     kind, config, arrays = _contents(model)
     path = _check_path(path)
@@ -290,8 +280,6 @@ def _restore_params(path: str, template, stored: dict, against: str = "its confi
     """``stored`` arrays as ``template``'s tree (a weights pytree), every name, shape and dtype
     checked (``against``: what the file must match, for the messages); a typed RNG key leaf is
     read from its key data."""
-    import jax
-
     flat, treedef = jax.tree_util.tree_flatten_with_path(template)
     names = [_leaf_name(p) for p, _ in flat]
     missing = sorted(set(names) - set(stored))
@@ -324,8 +312,6 @@ def _restore_params(path: str, template, stored: dict, against: str = "its confi
 
 def _build(path: str, kind: str, config: dict, arrays: dict, mesh):
     if kind == "NGramLM":
-        from jaxrescore.models.ngram import NGramLevel, NGramLM
-
         fields = {"order", "vocab_size", "eos", "max_len", "discounts"}
         if set(config) != fields:
             raise ModelFileError(f"{path!r}: an NGramLM config needs exactly {sorted(fields)}, got {sorted(config)}")
@@ -348,9 +334,6 @@ def _build(path: str, kind: str, config: dict, arrays: dict, mesh):
                 raise ModelFileError(f"{path!r}: NGramLM level {k} has arrays of the wrong dtype or shape")
             levels.append(NGramLevel(**got))
         return NGramLM(levels, mesh=mesh, **config)
-    from jaxrescore.models.int8 import quantize_int8
-    from jaxrescore.models.transformer import TransformerConfig, TransformerLM
-
     config = dict(config)
     # an int8 twin's file says how its layers multiply; files written before that are weight-only
     activations = config.pop("activations", "float") if kind == "Int8TransformerLM" else None
@@ -430,7 +413,6 @@ def load_model(
       ModelFileError: (a ValueError) anything wrong with the file, or a file that does not match
         ``like``, naming it.
     """
-    from jaxrescore.models.base import check_vocabulary
     from jaxrescore.models.jax_lm import check_mesh
 
     path = _check_path(path)

@@ -39,7 +39,7 @@ from jax.sharding import Mesh
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.jax_lm import JaxLM
-from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.generate import sample_sequences
 from jaxrescore.models.transformer import (
     TransformerApply,
     TransformerConfig,

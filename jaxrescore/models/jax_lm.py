@@ -8,7 +8,7 @@ and a ``params`` pytree. This class turns that into the AutoregressiveEnumerable
   log-probs brought to the host and summed in float64 under the padding (and ``skip``) mask;
 - ``next_logprobs``: the same forward over ``[BOS] + prefix``, log-softmax at the last real position;
 - ``score_frontier``: ``score_sequences`` plus, from the same forward, each position's top-m
-  next-token log-probs and eos log-prob, reduced on device (see :mod:`jaxrescore.models.frontier`).
+  next-token log-probs and eos log-prob, reduced on device (see :mod:`jaxrescore.models.scores`).
 
 Every log-prob leaves the device clipped to ``<= 0`` (the convention of every model).
 
@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxrescore.models.base import check_int, check_support
-from jaxrescore.models.frontier import FULL_ROWS_MAX_VOCAB, FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
+from jaxrescore.models.scores import FULL_ROWS_MAX_VOCAB, FLOAT32_TOLERANCE, FrontierScores, assemble, check_top_m, skip_mask
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size, checked_batch
 from jaxrescore.typing import ArrayLike, PyTree, Sequences
@@ -224,10 +224,10 @@ class DeviceBatched(PromptableMixin):
     ``frontier_stats(seqs, top_m) -> (batch, steps, top_lps, top_ids, eos_lps)``.
     """
 
-    # Nats a score may move between forwards (see jaxrescore.models.frontier).
+    # Nats a score may move between forwards (see jaxrescore.models.scores).
     score_tolerance = FLOAT32_TOLERANCE
     # Token strings (token id i reads as vocabulary[i]) when the model carries them (set by
-    # load_model from the file, or by the user; see jaxrescore.models.base.check_vocabulary).
+    # load_model from the file, or by the user; see jaxrescore.models.vocabulary.check_vocabulary).
     vocabulary: tuple[str, ...] | None = None
 
     # Tokens per device per call. On CPU a chunk whose activations stay in cache is ~3x faster
@@ -265,7 +265,7 @@ class DeviceBatched(PromptableMixin):
     def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
         log-prob, all from ONE forward, reduced on device (see
-        :class:`~jaxrescore.models.frontier.FrontierScores`). Every row must fit in ``max_len``
+        :class:`~jaxrescore.models.scores.FrontierScores`). Every row must fit in ``max_len``
         (a position past it has no distribution; callers cut rows there, as
         :mod:`jaxrescore.rescore.scored` does), else ValueError.
 

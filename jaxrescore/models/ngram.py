@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int, check_support, check_weights
-from jaxrescore.models.frontier import TABLE_TOLERANCE, host_top_m
+from jaxrescore.models.scores import TABLE_TOLERANCE, host_top_m
 from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 from jaxrescore.typing import ArrayLike, Sequences

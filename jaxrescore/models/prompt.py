@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.frontier import FLOAT32_TOLERANCE, FrontierScores, score_tolerance
+from jaxrescore.models.scores import FLOAT32_TOLERANCE, FrontierScores, score_tolerance
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences, Tokens
 
@@ -172,7 +172,7 @@ class PromptedModel(PromptableMixin):
 
     @property
     def score_tolerance(self):
-        """The base model's (see :mod:`jaxrescore.models.frontier`); None when it declares none."""
+        """The base model's (see :mod:`jaxrescore.models.scores`); None when it declares none."""
         return getattr(self.base, "score_tolerance", None)
 
     def _on_base(self, seqs, skip):

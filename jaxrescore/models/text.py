@@ -8,7 +8,7 @@ A model reads text in one of two ways, looked up in this order by :func:`codec_o
   functions of one's own in a small class;
 * a **vocabulary**, the model's token strings (``vocabulary[i]`` is token ``i``; stored by
   ``save_model(..., vocabulary=...)``): characters are written without spaces, words with single
-  spaces (see :func:`~jaxrescore.models.base.decode_tokens`).
+  spaces (see :func:`~jaxrescore.models.vocabulary.decode_tokens`).
 
 Encoding never appends ``eos`` (text in is a prompt: a finished sequence has no continuations);
 decoding leaves a trailing ``eos`` out.
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrescore.models.base import check_vocabulary, decode_tokens, is_character_vocabulary
+from jaxrescore.models.vocabulary import check_vocabulary, decode_tokens, text_ids
 
 
 class TextCodec:
@@ -60,17 +60,7 @@ class TextCodec:
 def vocabulary_codec(vocabulary, vocab_size: int, eos: int | None) -> TextCodec:
     """The codec of a vocabulary of token strings (checked, one per token id)."""
     words = check_vocabulary(vocabulary, vocab_size)
-    index = {w: i for i, w in enumerate(words) if i != eos}
-    chars = is_character_vocabulary(words, eos)
-
-    def encode(text: str) -> list[int]:
-        parts = list(text) if chars else text.split()
-        unknown = [p for p in parts if p not in index]
-        if unknown:
-            raise ValueError(f"{text!r} has token {unknown[0]!r}, which is not in the model's vocabulary")
-        return [index[p] for p in parts]
-
-    return TextCodec(encode, lambda ids: decode_tokens(ids, words, eos), eos)
+    return TextCodec(lambda text: text_ids(text, words, eos), lambda ids: decode_tokens(ids, words, eos), eos)
 
 
 def check_tokenizer(tokenizer: Any) -> Any:

@@ -25,7 +25,7 @@ from flax import nnx
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder
-from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
+from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
 
 
@@ -44,7 +44,7 @@ class TransformerConfig:
       dtype: the compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (any
         spelling ``jnp.dtype`` reads; stored as its name). Attention softmaxes and the output
         log-softmax always run in float32. A 16-bit compute dtype makes the model's
-        ``score_tolerance`` 0.1 nats (see :mod:`jaxrescore.models.frontier`).
+        ``score_tolerance`` 0.1 nats (see :mod:`jaxrescore.models.scores`).
       param_dtype: the weights' dtype (same choices; default ``"float32"``).
     """
 
@@ -387,7 +387,7 @@ class TransformerLM(JaxLM):
     @property
     def score_tolerance(self) -> float:
         """Nats a score may move between forwards: 1e-3 in float32, 0.1 for a 16-bit compute
-        dtype (see :mod:`jaxrescore.models.frontier`)."""
+        dtype (see :mod:`jaxrescore.models.scores`)."""
         return BFLOAT16_TOLERANCE if jnp.dtype(self.config.dtype).itemsize < 4 else FLOAT32_TOLERANCE
 
     @property

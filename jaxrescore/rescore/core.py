@@ -24,7 +24,7 @@ simple sufficient condition, and ``excess`` (the running max of ``target - draft
 watch.
 
 The comparison keeps ``tolerance`` (the target's own score noise, see
-:mod:`jaxrescore.models.frontier`) plus a few units in the last place of the operands, so neither
+:mod:`jaxrescore.models.scores`) plus a few units in the last place of the operands, so neither
 the target's float noise nor rounding to the working dtype can make it pass.
 
 The library never certifies against its own evidence: when the running max observed ``target -

@@ -38,7 +38,7 @@ the target's support.
 The assumptions, all of them, about the target (checked at query time by
 :func:`check_assumptions` and :func:`frontier`, or refused):
 
-1. its support is :class:`Structure`: token ids in ``[0, vocab_size)`` (``None``: not known,
+1. its support is :class:`~jaxrescore.models.base.Structure`: token ids in ``[0, vocab_size)`` (``None``: not known,
    e.g. an inferred vocabulary, then every node keeps its rest exit), sequences of exactly
    ``max_len`` tokens (no ``eos``) or ending at their first ``eos`` within ``max_len``;
 2. a sequence's score is the sum of its step log-probs, and each step read from a position's
@@ -60,19 +60,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxrescore.models.base import Structure
+
 REST = -1
 """Token id of an exit standing for every token outside a node's known top-m."""
 COMPLETE = -2
 """Token id of an exit that is its node itself: a complete support sequence never scored as such."""
-
-
-class Structure(NamedTuple):
-    """The target's support: ``vocab_size`` (None: not known, e.g. inferred and still growing),
-    ``eos`` (None = fixed length) and ``max_len``."""
-
-    vocab_size: int | None
-    eos: int | None
-    max_len: int
 
 
 def view_lengths(tokens: np.ndarray, lengths: np.ndarray, structure: Structure) -> np.ndarray:

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxrescore._checks import check_float, check_int
-from jaxrescore.models.frontier import DEFAULT_TOP_M, check_top_m
+from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.core import CERT_NONE, CERT_TRUE, GapCarry, rescore_sweep
 from jaxrescore.rescore.draft import DraftBound, DraftPull, DraftView
 from jaxrescore.models.text import codec_of

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrescore._checks import check_int
-from jaxrescore.models.frontier import FrontierScores
+from jaxrescore.models.scores import FrontierScores
 from jaxrescore.rescore.index import (
     DEFAULT_MAX_ROUNDS,
     RescoredIndex,

@@ -3,7 +3,7 @@
 One query (or one search) keeps every sequence the target scored in one ScoredSet, so a later
 round scores only NEW sequences: one batched target call per :meth:`ScoredSet.add`. With a
 target that has ``score_frontier`` the same call returns each position's top-m next-token
-log-probs (see :mod:`jaxrescore.models.frontier`); the set turns them into the padded
+log-probs (see :mod:`jaxrescore.models.scores`); the set turns them into the padded
 :class:`~jaxrescore.rescore.frontier.ScoredArrays` the frontier bound is computed from.
 
 Rows sent to the target are the sequences as the target reads them (their views, see
@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxrescore.models.frontier import DEFAULT_TOP_M, FrontierScores, score_tolerance
-from jaxrescore.rescore.frontier import ScoredArrays, Structure, complete, view_lengths
+from jaxrescore.models.base import Structure
+from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
+from jaxrescore.rescore.frontier import ScoredArrays, complete, view_lengths
 from jaxrescore.sequences import from_tuples
 
 

@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, Structure, clears, frontier
+from jaxrescore.models.base import Structure
+from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, clears, frontier
 from jaxrescore.rescore.scored import ScoredSet
 from jaxrescore.sequences import from_tuples
 

@@ -37,7 +37,7 @@ from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder
-from jaxrescore.models.frontier import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
+from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.int8 import _quantize, dequantize
 from jaxrescore.models.jax_lm import JaxLM, check_mesh
 from jaxrescore.models.pretrained import gpt2, llama
@@ -112,7 +112,7 @@ class PretrainedLM(JaxLM):
     @property
     def score_tolerance(self) -> float:
         """Nats a score may move between forwards: 1e-3 in float32, 0.1 in a 16-bit dtype (see
-        :mod:`jaxrescore.models.frontier`)."""
+        :mod:`jaxrescore.models.scores`)."""
         return BFLOAT16_TOLERANCE if jnp.dtype(self.spec.dtype).itemsize < 4 else FLOAT32_TOLERANCE
 
     @property

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrescore.models.base import AutoregressiveEnumerable, check_int
+from jaxrescore._checks import check_int
+from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.checked import checked_model
 from jaxrescore.sequences import SequenceBatch
 
 
@@ -19,8 +21,6 @@ def sample_sequences(model: AutoregressiveEnumerable, n: int, *, seed: int = 0) 
     Returns:
       SequenceBatch with tokens int32[n, max_len] and lengths int32[n].
     """
-    from jaxrescore.models.checked import checked_model
-
     n = check_int(n, "n", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
     model = checked_model(model, "model")  # a duck model's rows are checked as they arrive

@@ -11,9 +11,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrescore.models.base import AutoregressiveEnumerable, check_int
+from jaxrescore._checks import check_int
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.checked import checked_model
-from jaxrescore.models.sampling import sample_sequences
+from jaxrescore.models.generate import sample_sequences
 from jaxrescore.sequences import as_sequence_batch
 from jaxrescore.typing import Sequences
 
@@ -41,7 +42,7 @@ def estimate_gap(
     seed: int = 0,
 ) -> GapEstimate:
     """Measure ``|target - draft|`` sequence scores on ``sequences``, or on ``n`` sequences
-    sampled ancestrally from ``target`` (see :func:`~jaxrescore.models.sampling.sample_sequences`).
+    sampled ancestrally from ``target`` (see :func:`~jaxrescore.models.generate.sample_sequences`).
 
     Args:
       draft, target: models of the protocol with the same ``vocab_size`` and ``eos``.
