@@ -35,6 +35,7 @@ SECTIONS = [
     ("search_width", "bench_search_width"),
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
+    ("small_batch", "bench_small_batch"),
     ("kv_cache", "bench_kv_cache"),
     ("int8", "bench_int8"),
     ("seek_index", "bench_seek_index"),

@@ -54,21 +54,6 @@ class Structure(NamedTuple):
     max_len: int
 
 
-def is_float_dtype(dtype) -> bool:
-    """Whether ``dtype`` is a floating dtype: numpy's, or one of JAX's ``ml_dtypes`` (bfloat16,
-    float8 variants), which numpy files under kind ``'V'``."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return True
-    try:
-        import ml_dtypes
-
-        ml_dtypes.finfo(dtype)
-    except (ImportError, ValueError, TypeError):
-        return False
-    return True
-
-
 def check_support(vocab_size, eos, max_len, what: str = "model") -> tuple[int, int | None, int]:
     """The protocol attributes ``(vocab_size, eos, max_len)`` checked: ``vocab_size`` and
     ``max_len`` integers >= 1, ``eos`` None or an integer in ``[0, vocab_size)``; a ValueError
@@ -77,18 +62,3 @@ def check_support(vocab_size, eos, max_len, what: str = "model") -> tuple[int, i
     e = check_int(eos, f"{what}.eos", minimum=0, maximum=v, allow_none=True)
     n = check_int(max_len, f"{what}.max_len", minimum=1)
     return v, e, n
-
-
-def check_weights(weights, n: int) -> np.ndarray:
-    """``weights`` as float64[n]: finite, non-negative, not all zero (None: all ones)."""
-    if weights is None:
-        return np.ones(n)
-    raw = np.asarray(weights)
-    if raw.dtype.kind not in "iuf":
-        raise ValueError(f"weights must be {n} finite non-negative numbers, got dtype {raw.dtype}")
-    w = raw.astype(np.float64).reshape(-1)
-    if w.shape != (n,) or not np.all(np.isfinite(w)) or w.min(initial=0) < 0 or w.sum() <= 0:
-        raise ValueError(
-            f"weights must be {n} finite non-negative numbers, not all zero; got shape {raw.shape}"
-        )
-    return w

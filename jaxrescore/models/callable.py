@@ -28,14 +28,15 @@ model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.scores`).
 
 from __future__ import annotations
 
-import numbers
+import copy
 from typing import Callable, Sequence
 
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore.models.base import is_float_dtype
-from jaxrescore.models.vocabulary import check_vocabulary, is_token_string
+from jaxrescore._checks import check_bool, check_int
+from jaxrescore.models.checks import is_float_dtype
+from jaxrescore.models.mesh import check_mesh, mesh_context, shard_batch
 from jaxrescore.models.scores import (
     BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
@@ -47,6 +48,7 @@ from jaxrescore.models.scores import (
     skip_mask,
 )
 from jaxrescore.models.prompt import PromptableMixin
+from jaxrescore.models.vocabulary import check_vocabulary, is_token_string
 from jaxrescore.sequences import as_sequence_batch, bucket_size, checked_batch
 from jaxrescore.typing import ArrayLike, Sequences, Tokens
 
@@ -57,14 +59,6 @@ SIGN_TOL = 1e-5
 NORM_TOL = 2e-2
 # Rows per call of a batched fn when scoring sequences (padded to a power of two).
 SCORE_CHUNK = 4096
-
-
-def _positive_int(value, name: str, *, allow_none: bool = False, minimum: int = 1):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class CallableModel(PromptableMixin):
@@ -81,7 +75,6 @@ class CallableModel(PromptableMixin):
       tokens: the token strings a per-prefix ``fn`` speaks (see the module docstring), or None.
     """
 
-    vocabulary: tuple[str, ...] | None = None  # token strings, when the user sets them
     mesh = None  # set by with_mesh: a batched fn then gets its rows split over the mesh
 
     def __init__(
@@ -96,14 +89,13 @@ class CallableModel(PromptableMixin):
     ):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-        if not isinstance(batched, (bool, np.bool_)):
-            raise ValueError(f"batched must be True or False, got {batched!r}")
-        self.max_len = _positive_int(max_len, "max_len")
+        check_bool(batched, "batched")
+        self.max_len = check_int(max_len, "max_len", minimum=1)
         self._names, eos, vocab_size = _token_names(tokens, eos, vocab_size, batched)
         if self._names is not None:
             self.vocabulary = tuple(self._names)
-        self.eos = _positive_int(eos, "eos", allow_none=True, minimum=0)
-        vocab = _positive_int(vocab_size, "vocab_size", allow_none=True)
+        self.eos = check_int(eos, "eos", minimum=0, allow_none=True)
+        vocab = check_int(vocab_size, "vocab_size", minimum=1, allow_none=True)
         if batched and vocab is None:
             raise ValueError("vocab_size is required when batched=True (the [B, V] rows need a width)")
         if vocab is not None and self.eos is not None and self.eos >= vocab:
@@ -119,12 +111,7 @@ class CallableModel(PromptableMixin):
         ``jax.set_mesh`` of the mesh's ``Auto`` version; so a jitted JAX ``fn`` runs data-parallel.
         A per-prefix ``fn`` runs on the host as before. ``shard_params`` is accepted for a uniform
         interface; a function has no weights the library could split. ``None``: no mesh."""
-        import copy
-
-        from jaxrescore.models.jax_lm import check_mesh
-
-        if not isinstance(shard_params, (bool, np.bool_)):
-            raise ValueError(f"shard_params must be True or False, got {shard_params!r}")
+        check_bool(shard_params, "shard_params")
         other = copy.copy(self)
         other.mesh = check_mesh(mesh)
         return other
@@ -177,22 +164,15 @@ class CallableModel(PromptableMixin):
     def _call_batched(self, prefixes: np.ndarray, lengths: np.ndarray):
         if self.mesh is None:
             return self.fn(prefixes, lengths)
-        import jax
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from jaxrescore.models.jax_lm import auto_mesh, mesh_context
-
-        mesh = auto_mesh(self.mesh)
         b = prefixes.shape[0]
-        d = mesh.devices.size
+        d = self.mesh.devices.size
         rows = -(-max(b, 1) // d) * d
         p = np.zeros((rows,) + prefixes.shape[1:], np.int32)
         p[:b] = prefixes
         n = np.zeros(rows, np.int32)
         n[:b] = lengths
-        split = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
         with mesh_context(self.mesh):
-            out = self.fn(jax.device_put(p, split), jax.device_put(n, split))
+            out = self.fn(shard_batch(p, self.mesh), shard_batch(n, self.mesh))
         return np.asarray(out)[:b]
 
     def _per_prefix_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:

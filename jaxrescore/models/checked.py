@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrescore.models.base import check_support, is_float_dtype
+from jaxrescore.models.base import check_support
+from jaxrescore.models.checks import is_float_dtype
 from jaxrescore.models.callable import SIGN_TOL, _check_rows
 from jaxrescore.sequences import checked_batch
 

@@ -63,6 +63,7 @@ from jaxrescore.files import write_npz_atomic
 from jaxrescore.models.adapters import fixed_state, with_fixed_state
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.mesh import check_mesh
 from jaxrescore.models.int8 import Int8TransformerLM, quantize_int8
 from jaxrescore.models.ngram import NGramLevel, NGramLM
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
@@ -413,8 +414,6 @@ def load_model(
       ModelFileError: (a ValueError) anything wrong with the file, or a file that does not match
         ``like``, naming it.
     """
-    from jaxrescore.models.jax_lm import check_mesh
-
     path = _check_path(path)
     mesh = check_mesh(mesh)
     if like is not None and not isinstance(like, ApplyFnLM):

@@ -44,7 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.jax_lm import _log_softmax, check_nan, check_prefixes, mesh_context
+from jaxrescore.models.checks import check_nan, check_prefixes
+from jaxrescore.models.mesh import mesh_context
+from jaxrescore.models.scores import clipped_log_softmax as _log_softmax
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree
 

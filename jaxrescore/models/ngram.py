@@ -28,15 +28,19 @@ the host (a table model has no forward to split).
 
 from __future__ import annotations
 
+import copy
 import numbers
 from typing import NamedTuple, Sequence
 
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore.models.base import check_int, check_support, check_weights
-from jaxrescore.models.scores import TABLE_TOLERANCE, host_top_m
-from jaxrescore.models.jax_lm import DeviceBatched, check_eos_terminated, check_mesh, check_prefixes, check_tokens
+from jaxrescore._checks import check_bool, check_int
+from jaxrescore.models.base import check_support
+from jaxrescore.models.checks import check_eos_terminated, check_prefixes, check_tokens, check_weights
+from jaxrescore.models.prompt import PromptableMixin
+from jaxrescore.models.scores import TABLE_TOLERANCE, StepScored, host_top_m
+from jaxrescore.models.mesh import check_mesh
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
 from jaxrescore.typing import ArrayLike, Sequences
 
@@ -130,7 +134,7 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offsets, counts) + np.arange(total)
 
 
-class NGramLM(DeviceBatched):
+class NGramLM(StepScored, PromptableMixin):
     """Interpolated Kneser-Ney n-gram LM over sparse back-off tables (build with :meth:`fit`).
 
     Attributes:
@@ -174,7 +178,6 @@ class NGramLM(DeviceBatched):
         self.levels = levels
         self.discounts = tuple(float(d) for d in discounts)
         self.mesh = check_mesh(mesh)
-        self._placed = None
         base = np.full(self.vocab_size, levels[0].gamma[0] / self.vocab_size)
         lv0 = levels[0]
         base[lv0.tok[lv0.ptr[0] : lv0.ptr[1]]] += lv0.val[lv0.ptr[0] : lv0.ptr[1]]
@@ -200,14 +203,13 @@ class NGramLM(DeviceBatched):
             f"max_len={self.max_len}, contexts={self.n_contexts}, terms={self.n_terms})"
         )
 
-    @property
-    def params(self) -> None:
-        """A table model has no weights on a device (kept for the DeviceBatched interface)."""
-        return None
-
-    @params.setter
-    def params(self, value) -> None:
-        pass
+    def with_mesh(self, mesh: Mesh | None, *, shard_params: bool = False) -> "NGramLM":
+        """A copy sharing the tables that records ``mesh`` (lookups still run on the host: a table
+        model has no forward to split). ``shard_params`` is accepted for a uniform interface."""
+        check_bool(shard_params, "shard_params")
+        other = copy.copy(self)
+        other.mesh = check_mesh(mesh)
+        return other
 
     @property
     def n_contexts(self) -> int:

@@ -13,13 +13,16 @@ full forward of ``prompt + c``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.decoding import decoding_session
 from jaxrescore.models.scores import FLOAT32_TOLERANCE, FrontierScores, score_tolerance
+from jaxrescore.models.text import check_tokenizer, encode_prompt
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences, Tokens
 
@@ -71,22 +74,19 @@ class PromptableMixin:
     ``score_sequences(seqs, skip=...)``."""
 
     tokenizer = None  # set by with_tokenizer: text in and out (see jaxrescore.models.text)
+    # Token strings (token id i reads as vocabulary[i]) when the model carries them (set by
+    # load_model from the file, or by the user; see jaxrescore.models.vocabulary).
+    vocabulary: tuple[str, ...] | None = None
 
     def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
         """The model of continuations of ``tokens`` (see :class:`PromptedModel`): token ids, or
         text when the model has a vocabulary or a tokenizer."""
-        from jaxrescore.models.text import encode_prompt
-
         return PromptedModel(self, encode_prompt(self, tokens))
 
     def with_tokenizer(self, tokenizer: Any) -> Any:
         """A copy of the model that reads and writes text with ``tokenizer`` (any object with
         ``encode(text) -> ids`` and ``decode(ids) -> text``, e.g. a ``tokenizers.Tokenizer``):
         ``with_prompt("...")`` takes text and results over it carry ``texts``."""
-        import copy
-
-        from jaxrescore.models.text import check_tokenizer
-
         other = copy.copy(self)
         other.tokenizer = check_tokenizer(tokenizer)
         return other
@@ -122,8 +122,6 @@ class PromptedModel(PromptableMixin):
 
     def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
         """Extend the prompt: conditioning on ``self.prompt + tokens`` (ids, or text)."""
-        from jaxrescore.models.text import encode_prompt
-
         more = check_prompt(self, encode_prompt(self, tokens))
         longer = PromptedModel(self.base, self.prompt + more)
         longer.tokenizer = self.tokenizer
@@ -136,8 +134,6 @@ class PromptedModel(PromptableMixin):
           prefixes: int32[B, T] continuation prefixes (left-aligned).
           lengths: int32[B].
         """
-        from jaxrescore.models.decoding import decoding_session
-
         # A base that decodes incrementally starts every row from the prompt's cache, computed
         # once per with_prompt: the cost of a row does not grow with the prompt.
         # In a 16-bit compute dtype the cached path moves rows by up to ~0.09 nats a step

@@ -28,9 +28,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.sequences import SequenceBatch
+from jaxrescore._checks import check_int
+from jaxrescore.models.checks import check_tokens
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+from jaxrescore.typing import ArrayLike, Sequences
 
 # Default number of top next-token log-probs a forward keeps per position.
 DEFAULT_TOP_M = 32
@@ -42,6 +47,12 @@ FULL_ROWS_MAX_VOCAB = 256
 FLOAT32_TOLERANCE = 1e-3
 BFLOAT16_TOLERANCE = 0.1
 TABLE_TOLERANCE = 1e-6
+
+
+def clipped_log_softmax(logits: jax.Array) -> jax.Array:
+    """float32 log-softmax over the last axis, clipped to <= 0 (float noise can put a dominant
+    entry at +1e-7): how every device path turns logits into log-probs."""
+    return jnp.minimum(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), 0.0)
 
 
 def score_tolerance(model) -> float:
@@ -94,9 +105,7 @@ def skip_mask(batch: SequenceBatch, skip, width: int) -> np.ndarray:
 
 def check_top_m(top_m) -> int:
     """``top_m`` as an int >= 1."""
-    if isinstance(top_m, bool) or not isinstance(top_m, (int, np.integer)) or top_m < 1:
-        raise ValueError(f"top_m must be an integer >= 1, got {top_m!r}")
-    return int(top_m)
+    return check_int(top_m, "top_m", minimum=1)
 
 
 def _shift_left(arr: np.ndarray, skip: np.ndarray, fill) -> np.ndarray:
@@ -152,3 +161,53 @@ def host_top_m(rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     ids = ids.astype(np.int32)
     ids[vals == -np.inf] = 0
     return vals, ids
+
+
+class StepScored:
+    """``score_sequences`` and ``score_frontier`` of a model that implements
+    ``step_logprobs(seqs) -> (batch, float32[N, W])`` (scores are masked float64 sums of those)
+    and ``frontier_stats(seqs, top_m) -> (batch, steps, top_lps, top_ids, eos_lps)``, plus the
+    protocol attributes ``vocab_size``, ``eos`` and ``max_len``."""
+
+    # Nats a score may move between forwards (see the module docstring).
+    score_tolerance = FLOAT32_TOLERANCE
+
+    def score_sequences(self, seqs: Sequences, *, skip: ArrayLike | None = None) -> np.ndarray:
+        """``float64[N]`` log-probs of whole sequences, EOS step included, padding masked.
+
+        A sequence longer than ``max_len`` lies outside the support and scores ``-inf`` (a target
+        shorter than its draft is asked about the draft's long sequences); it costs no forward.
+        Shorter rows are scored as given (the sum of their steps: a prefix's log-prob).
+
+        Args:
+          seqs: a SequenceBatch, or a list of token sequences (tokens in ``[0, vocab_size)``).
+          skip: optional int32[N]; the first ``skip[i]`` steps of row ``i`` are left out of its
+            sum (a conditioning prompt), so several prompts' candidates share one call.
+        """
+        batch = as_sequence_batch(seqs)
+        long = batch.lengths > self.max_len
+        if long.any():
+            check_tokens(batch, self.vocab_size, None)
+            # Long rows ride along as empty rows (no steps) and are set to -inf below.
+            batch = SequenceBatch(batch.tokens, np.where(long, 0, batch.lengths).astype(np.int32))
+        batch, lps = self.step_logprobs(batch)
+        mask = skip_mask(batch, skip, lps.shape[1])
+        scores = np.where(mask, lps.astype(np.float64), 0.0).sum(axis=1)
+        scores[long] = -np.inf
+        return scores
+
+    def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
+        """:meth:`score_sequences` plus each position's top-``top_m`` next-token log-probs and eos
+        log-prob, all from ONE forward (see :class:`FrontierScores`). Every row must fit in
+        ``max_len`` (a position past it has no distribution; callers cut rows there, as
+        :mod:`jaxrescore.rescore.scored` does), else ValueError.
+
+        Args:
+          seqs: a SequenceBatch or a list of token sequences.
+          top_m: how many of the likeliest next tokens to keep per position (capped at V).
+          skip: optional int32[N], as in :meth:`score_sequences`; positions are then counted
+            from the first scored step.
+        """
+        top_m = min(check_top_m(top_m), self.vocab_size)
+        batch, steps, top_lps, top_ids, eos_lps = self.frontier_stats(seqs, top_m)
+        return assemble(batch, skip, steps, top_lps, top_ids, None if self.eos is None else eos_lps)

@@ -26,9 +26,12 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from jaxrescore.models.base import AutoregressiveEnumerable, check_int, check_weights
+from jaxrescore._checks import check_bool, check_float, check_int
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.checked import checked_model
-from jaxrescore.models.jax_lm import JaxLM, check_eos_terminated, check_tokens, mesh_context
+from jaxrescore.models.checks import check_eos_terminated, check_tokens, check_weights
+from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.models.mesh import mesh_context
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
 
@@ -54,33 +57,14 @@ def _check_model(model, name: str) -> None:
             )
 
 
-def _check_positive(**kw) -> None:
-    for name, v in kw.items():
-        check_int(v, name, minimum=1)
-
-
-def _check_flag(value, name: str) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
 def _check_lr(lr):
     """A positive float, or an optax schedule (a callable ``step -> lr``) passed through."""
     if callable(lr):
         return lr
-    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)) or not (
-        np.isfinite(lr) and lr > 0
-    ):
-        raise ValueError(f"lr must be a positive finite float or an optax schedule, got {lr!r}")
-    return float(lr)
-
-
-def _check_decay(weight_decay) -> float:
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float, np.floating)) or not (
-        np.isfinite(weight_decay) and weight_decay >= 0
-    ):
-        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
-    return float(weight_decay)
+    value = check_float(lr, "lr", minimum=0.0)
+    if value == 0.0:  # trains nothing
+        raise ValueError("lr must be a positive finite float or an optax schedule, got 0")
+    return value
 
 
 def training_corpus(model, sequences, weights) -> tuple[SequenceBatch, np.ndarray]:
@@ -220,10 +204,11 @@ def train_lm(
       float32[steps]: the mean per-token negative log-likelihood (nats) of each step's batch.
     """
     _check_model(model, "model")
-    _check_positive(steps=steps, batch_size=batch_size)
-    check_int(seed, "seed", minimum=0)
-    _check_flag(progress, "progress")
-    lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
+    steps = check_int(steps, "steps", minimum=1)
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    check_bool(progress, "progress")
+    lr, weight_decay = _check_lr(lr), check_float(weight_decay, "weight_decay", minimum=0.0)
     batch, probs = training_corpus(model, sequences, weights)
     draw = _sampler(model, batch, probs, batch_size, seed)
     return _run(
@@ -284,10 +269,11 @@ def distill(
             f"teacher (vocab_size={teacher.vocab_size}, eos={teacher.eos}) and student "
             f"(vocab_size={student.vocab_size}, eos={student.eos}) must share vocab_size and eos"
         )
-    _check_positive(steps=steps, batch_size=batch_size)
-    check_int(seed, "seed", minimum=0)
-    _check_flag(progress, "progress")
-    lr, weight_decay = _check_lr(lr), _check_decay(weight_decay)
+    steps = check_int(steps, "steps", minimum=1)
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    check_bool(progress, "progress")
+    lr, weight_decay = _check_lr(lr), check_float(weight_decay, "weight_decay", minimum=0.0)
     batch, probs = training_corpus(student, sequences, weights)
     draw = _sampler(student, batch, probs, batch_size, seed)
     width = student.length_bucket(int(batch.lengths.max()))

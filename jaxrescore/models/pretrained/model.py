@@ -39,7 +39,8 @@ from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.int8 import _quantize, dequantize
-from jaxrescore.models.jax_lm import JaxLM, check_mesh
+from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.models.mesh import check_mesh
 from jaxrescore.models.pretrained import gpt2, llama
 from jaxrescore.models.pretrained.files import check_directory, read_config, read_tensors, read_tokenizer
 from jaxrescore.models.pretrained.network import (
