@@ -188,3 +188,23 @@ def reversed_pair(table: TableModel, seed: int) -> TableModel:
         x = -row
         out.steps[p] = x - np.logaddexp.reduce(x)
     return out
+
+
+def keep_only_exits(monkeypatch, keep) -> None:
+    """Make the host frontier UNSOUND on purpose: its bound counts only the exits ``keep(exits,
+    structure) -> bool[E]`` keeps (a mutation the battery must catch)."""
+    from jaxrescore.rescore import frontier as frontier_mod
+
+    real_values, real_list = frontier_mod.frontier_values, frontier_mod.exit_list
+
+    def listed(values, structure):
+        ex = real_list(values, structure)
+        return type(ex)(*(a[keep(ex, structure)] for a in ex))
+
+    def mutated(s, valid, vocab, eos, max_len, ops=frontier_mod._NP):
+        bound, moved, values = real_values(s, valid, vocab, eos, max_len, ops)
+        structure = frontier_mod.Structure(None if vocab < 0 else vocab, None if eos < 0 else eos, max_len)
+        return listed(values, structure).value.max(initial=-np.inf), moved, values
+
+    monkeypatch.setattr(frontier_mod, "frontier_values", mutated)
+    monkeypatch.setattr(frontier_mod, "exit_list", listed)

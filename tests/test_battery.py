@@ -882,17 +882,9 @@ def test_battery_float32_jax_models(request, eos):
 
 def test_a_wrong_proof_is_caught(monkeypatch, tmp_path):
     """The battery can fail: a frontier that forgets the root's exits proves wrong answers."""
-    from jaxrescore.rescore import frontier as frontier_mod
-    from jaxrescore.rescore.frontier import Exits
+    from brute import keep_only_exits
 
-    real = frontier_mod.node_exits
-
-    def broken(s, trie, structure, *args):
-        ex = real(s, trie, structure, *args)
-        keep = ex.depth > 0
-        return Exits(*(a[keep] for a in ex))
-
-    monkeypatch.setattr(frontier_mod, "node_exits", broken)
+    keep_only_exits(monkeypatch, lambda ex, structure: ex.depth > 0)
     case = {"name": "broken-frontier", "vocab": 3, "eos": None, "max_len": 3, "target_seed": 5,
             "draft_seed": 6, "draft": "adversarial", "queries": [[0, 3, 0, None, "prove"]]}
     with pytest.raises(AssertionError, match="proven on a wrong answer"):

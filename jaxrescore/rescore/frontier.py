@@ -50,14 +50,21 @@ The assumptions, all of them, about the target (checked at query time by
    rounds, a fetched full row), the largest difference seen is :attr:`Frontier.moved`, and a
    proof needs it within the tolerance (the search stops with the reason otherwise).
 
-All of it is host numpy in float64 over the padded scored set: the trie is the sorted views'
-longest common prefixes, so nothing loops per node in Python.
+It is ONE fixed-shape algorithm over the padded scored set (:func:`frontier_values`), written
+over an array namespace: numpy on the host (a search's rounds: no compile, numpy's fast sort) and
+``jax.numpy`` under ``jax.jit`` and ``jax.vmap`` (:func:`frontier_bound`: a sweep's queries in
+one call). The trie is the sorted views' longest common prefixes; each node's exits are read at
+its first occurrence in sorted order, so nothing loops per node in Python.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from functools import partial
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrescore.models.base import Structure
@@ -100,33 +107,38 @@ def complete(tokens: np.ndarray, lengths: np.ndarray, structure: Structure) -> n
 
 class ScoredArrays(NamedTuple):
     """The scored set as padded arrays (row ``i`` is scored sequence ``i`` as the target reads it:
-    its view, :func:`view_lengths`).
+    its view, :func:`view_lengths`); a pytree, so a batch of them (a leading query axis) vmaps.
 
     Attributes:
-      tokens: int64[N, L], the views, padded with -1.
-      lengths: int64[N], the views' lengths: positions ``< lengths[i]`` of row ``i`` have a
+      tokens: int[N, L], the views, padded with -1 (``L >= 1``).
+      lengths: int[N], the views' lengths: positions ``< lengths[i]`` of row ``i`` have a
         distribution (the forward row was the view).
       whole: bool[N], whether scored sequence ``i`` is its view (its score is the view's score;
         otherwise the sequence scored -inf and its view, if complete, is an unscored exit).
-      steps: float64[N, W], per-step target log-probs (<= 0), ``W >= L``.
-      top_lps: float32[N, W, m], top_ids: int32[N, W, m], eos_lps: float32[N, W]: per position.
-      rows: dict mapping a prefix (tuple) to its fetched full next-token row float32[V].
+      steps: float64[N, L], per-step target log-probs (<= 0; 0 past a row's length).
+      top_lps: float32[N, L, m], top_ids: int32[N, L, m], eos_lps: float32[N, L]: per position.
+      row_prefixes: int[R, L], prefixes whose full next-token row was fetched (padded with -1).
+      row_lengths: int[R], their lengths (-1: a padding row).
+      row_values: float32[R, V], the fetched rows.
     """
 
-    tokens: np.ndarray
-    lengths: np.ndarray
-    whole: np.ndarray
-    steps: np.ndarray
-    top_lps: np.ndarray
-    top_ids: np.ndarray
-    eos_lps: np.ndarray
-    rows: dict
+    tokens: Any
+    lengths: Any
+    whole: Any
+    steps: Any
+    top_lps: Any
+    top_ids: Any
+    eos_lps: Any
+    row_prefixes: Any
+    row_lengths: Any
+    row_values: Any
 
 
 class Exits(NamedTuple):
     """Exits from the trie: the prefix is ``tokens[seq[e], :depth[e]]``, the token ``token[e]``
-    (:data:`REST` for "any token outside the known top-m"), and ``value[e]`` bounds the target
-    score of every support sequence leaving the trie there (float64)."""
+    (:data:`REST` for "any token outside the known top-m", :data:`COMPLETE` for the node
+    itself), and ``value[e]`` bounds the target score of every support sequence leaving the trie
+    there (float64)."""
 
     seq: np.ndarray
     depth: np.ndarray
@@ -134,181 +146,280 @@ class Exits(NamedTuple):
     value: np.ndarray
 
 
-class Trie(NamedTuple):
-    """The prefix trie of a scored set.
+class ExitValues(NamedTuple):
+    """Every exit's bound as fixed-shape arrays in the SORTED row order ``perm`` (``-inf``: no
+    exit there), from :func:`frontier_values`.
 
     Attributes:
-      node_of: int64[N, L + 1], the node id of ``tokens[i, :d]`` (-1 where ``d > lengths[i]``).
-      first: int64[K, 2], each node's first occurrence ``(row, depth)``.
-      child_keys: int64[C], sorted ``node * base + token`` of every (node, child token) pair.
-      child_nodes: int64[C], the child node of each pair.
-      only_child: int64[K], the token of a node's one child; -1 when it has none, -2 when more
-        (most nodes of a large scored set have one child: a lookup then is one compare).
-      base: the key base (larger than every token id).
+      perm: int[N], sorted position -> scored row.
+      node: int[N, L + 1], the trie node of each sorted row's prefix of each depth (-1: none).
+      lengths: int[N], each sorted row's length (-1: not a row of the query).
+      top: float64[N, L, m], the top-m named exits of the node at each (sorted row, depth), read at
+        the node's first occurrence; ``top_ids`` the tokens.
+      rest: float64[N, L], the exit standing for every token outside the top-m.
+      eos: float64[N, L], the eos exit of a node one short of ``max_len``.
+      blind: float64[N], a live leaf without any distribution: bounded by its own score.
+      complete: float64[N], a whole support sequence the target scored only inside a longer one.
+      rows: float64[R, V], exact exits of nodes whose full row was fetched.
+      row_nodes: int[R], each fetched row's node (-1: not in the trie); ``row_at`` a sorted row
+        holding it and ``row_depth`` its depth.
     """
 
-    node_of: np.ndarray
-    first: np.ndarray
-    child_keys: np.ndarray
-    child_nodes: np.ndarray
-    only_child: np.ndarray
-    base: int
+    perm: Any
+    node: Any
+    lengths: Any
+    top: Any
+    top_ids: Any
+    rest: Any
+    eos: Any
+    blind: Any
+    complete: Any
+    rows: Any
+    row_nodes: Any
+    row_at: Any
+    row_depth: Any
 
 
-def build_trie(tokens: np.ndarray, lengths: np.ndarray, base: int) -> Trie:
-    """The trie of ``tokens: int64[N, L]`` (rows padded with -1) of lengths ``int64[N]``."""
+class _Ops(NamedTuple):
+    """The few operations numpy and jax.numpy spell differently."""
+
+    xp: Any
+    sort_rows: Any  # (keys: list of int[N], primary first) -> int[N] permutation
+    cummax0: Any  # running max down axis 0
+    seg_max: Any  # (values, segment ids, n) -> per-segment max (-inf / lowest where empty)
+    seg_min: Any
+
+
+def _np_seg(op, fill):
+    def seg(values, ids, n):
+        out = np.full(n + 1, fill, dtype=np.result_type(values, np.float64) if fill in (np.inf, -np.inf) else values.dtype)
+        op.at(out, np.asarray(ids).ravel(), np.asarray(values).ravel())
+        return out[:n]
+
+    return seg
+
+
+_NP = _Ops(
+    np,
+    lambda keys: np.lexsort(keys[::-1]),
+    lambda a: np.maximum.accumulate(a, axis=0),
+    _np_seg(np.maximum, -np.inf),
+    _np_seg(np.minimum, np.inf),
+)
+
+
+def _jax_sort_rows(keys):
+    n = keys[0].shape[0]
+    return jax.lax.sort((*keys, jnp.arange(n)), num_keys=len(keys))[-1]
+
+
+_JAX = _Ops(
+    jnp,
+    _jax_sort_rows,
+    lambda a: jax.lax.cummax(a, axis=0),
+    lambda v, ids, n: jax.ops.segment_max(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
+    lambda v, ids, n: jax.ops.segment_min(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
+)
+
+
+def _gap(xp, a, b):
+    """``|a - b|`` where two equal values (two -inf included) differ by 0 and -inf against a
+    number by ``inf``."""
+    same = a == b
+    return xp.where(same, 0.0, xp.abs(xp.where(same, 0.0, a) - xp.where(same, 0.0, b)))
+
+
+def _lex_lower_bound(xp, rows, n_rows, keys):
+    """For each key of ``keys: int[R, L]``, the first of the sorted ``rows: int[N, L]`` (the
+    first ``n_rows`` count) that is ``>=`` it lexicographically (binary search, fixed steps)."""
+    n = rows.shape[0]
+    lo = xp.zeros(keys.shape[0], dtype=np.int64)
+    hi = xp.zeros(keys.shape[0], dtype=np.int64) + n_rows
+    for _ in range(max(1, int(math.ceil(math.log2(n + 1))) + 1)):
+        mid = (lo + hi) // 2
+        row = rows[xp.clip(mid, 0, n - 1)]
+        diff = row != keys
+        first = xp.argmax(diff, axis=1)
+        less = xp.any(diff, axis=1) & (xp.take_along_axis(row, first[:, None], axis=1)[:, 0]
+                                      < xp.take_along_axis(keys, first[:, None], axis=1)[:, 0])
+        active = lo < hi
+        lo = xp.where(active & less, mid + 1, lo)
+        hi = xp.where(active & ~less, mid, hi)
+    return lo
+
+
+def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP):
+    """``(bound, moved, ExitValues)`` of the rows ``valid: bool[N]`` of ``s`` (see the module
+    docstring): ``bound`` the frontier bound (``-inf``: no exit, the rows are the target's whole
+    support), ``moved`` the largest difference between two forwards' numbers for one prefix.
+
+    ``vocab`` (-1: unknown), ``eos`` (-1: none) and ``max_len`` are the target's
+    :class:`Structure` as numbers, so the same code runs with ``ops`` numpy's (host) or JAX's
+    (traced: jit- and vmap-safe, fixed shapes, no branch on values; int64 needs ``jax_enable_x64``).
+    """
+    xp = ops.xp
+    inf = xp.inf
+    tokens = xp.where(valid[:, None], s.tokens, -1).astype(np.int64)
+    lens = xp.where(valid, s.lengths, -1).astype(np.int64)
     n, width = tokens.shape
-    depth = np.arange(width + 1)[None, :]
-    if n == 0:
-        none = np.zeros(0, np.int64)
-        return Trie(np.zeros((0, width + 1), np.int64), np.zeros((0, 2), np.int64), none, none, none, base)
-    order = np.lexsort(tokens.T[::-1]) if width else np.arange(n)
-    srt, lens = tokens[order], lengths[order]
-    # lcp[i]: common prefix of sorted rows i-1 and i (0 for the first row).
-    same = np.cumprod(srt[1:] == srt[:-1], axis=1).sum(axis=1) if width else np.zeros(n - 1, np.int64)
-    lcp = np.concatenate([[0], np.minimum(same, np.minimum(lens[1:], lens[:-1]))])
-    real = depth <= lens[:, None]
-    new = real & ((np.arange(n)[:, None] == 0) | (depth > lcp[:, None]))
-    ids = np.cumsum(new.reshape(-1)).reshape(new.shape) - 1
-    # A non-new real entry belongs to the node of the row above (its prefix is shared): ids grow
-    # down every column, so a running max carries each node's id down to its later rows.
-    node_sorted = np.maximum.accumulate(np.where(new, ids, -1), axis=0)
-    node_sorted = np.where(real, node_sorted, -1)
-    node_of = np.empty_like(node_sorted)
-    node_of[order] = node_sorted
-    rows, depths = np.nonzero(new)
-    first = np.stack([order[rows], depths], axis=1)
-    # (node, child token) pairs: every real step of every row.
-    has_child = depth[:, :-1] < lengths[:, None]
-    child_keys, at = np.unique(node_of[:, :-1][has_child] * base + tokens[has_child], return_index=True)
-    child_nodes = node_of[:, 1:][has_child][at]
-    parent, tok = np.divmod(child_keys, base)
-    count = np.bincount(parent, minlength=first.shape[0])
-    only_child = np.where(count == 0, -1, -2)
-    one = count[parent] == 1
-    only_child[parent[one]] = tok[one]
-    return Trie(node_of, first, child_keys, child_nodes, only_child, base)
+    m = s.top_ids.shape[2]
+    # -- the trie: sort the views, a node is new where a row leaves its predecessor's prefix
+    perm = ops.sort_rows([(~valid).astype(np.int64)] + [tokens[:, c] for c in range(width)])
+    srt, sl = tokens[perm], lens[perm]
+    same = xp.sum(xp.cumprod(srt[1:] == srt[:-1], axis=1), axis=1)
+    lcp = xp.concatenate([xp.zeros(1, np.int64), xp.minimum(same, xp.minimum(sl[1:], sl[:-1]))])
+    depth = xp.arange(width + 1)
+    real = depth[None, :] <= sl[:, None]
+    new = real & ((xp.arange(n)[:, None] == 0) | (depth[None, :] > lcp[:, None]))
+    ids = xp.cumsum(new.reshape(-1)).reshape(new.shape) - 1
+    node = xp.where(real, ops.cummax0(xp.where(new, ids, -1)), -1)  # ids grow down every column
+    size = n * (width + 1)
+    seg = xp.where(real, node, size)
+    # -- node scores (the largest occurrence: the looser bound) and the noise seen between forwards
+    steps = s.steps[perm][:, :width].astype(np.float64)
+    cum = xp.concatenate([xp.zeros((n, 1)), xp.cumsum(steps, axis=1)], axis=1)
+    score = ops.seg_max(cum, seg, size)
+    low = ops.seg_min(cum, seg, size)
+    moved = xp.max(xp.where(low < inf, _gap(xp, score, low), 0.0))
+    dist = depth[None, :width] < sl[:, None]  # positions with a distribution
+    dnode = node[:, :width]
+    dseg = xp.where(dist, dnode, size)
+    top_lps = s.top_lps[perm][:, :width].astype(np.float64)
+    top_ids = s.top_ids[perm][:, :width].astype(np.int64)
+    eos_lps = s.eos_lps[perm][:, :width].astype(np.float64)
+    top_max = xp.max(top_lps, axis=2)
+    best_top = ops.seg_max(top_max, dseg, size)
+    for values in (top_max, eos_lps):
+        hi, lo = ops.seg_max(values, dseg, size), ops.seg_min(values, dseg, size)
+        moved = xp.maximum(moved, xp.max(xp.where(lo < inf, _gap(xp, hi, lo), 0.0)))
+    has_dist = ops.seg_max(dist.astype(np.float64), dseg, size) > 0
+    # -- children: sorted (node, token) keys of every real step
+    rows_v = s.row_values.astype(np.float64)
+    base = xp.maximum(xp.maximum(xp.max(tokens) + 1, xp.max(top_ids) + 1), xp.maximum(vocab, rows_v.shape[1]))
+    base = xp.maximum(base, 1).astype(np.int64)
+    big = np.iinfo(np.int64).max
+    keys = xp.sort(xp.where(dist, dnode * base + srt[:, :width], big).reshape(-1))
+
+    def is_child(nodes, toks):
+        q = nodes * base + toks
+        pos = xp.minimum(xp.searchsorted(keys, q), keys.shape[0] - 1)
+        return (keys[pos] == q) & (nodes >= 0) & (toks >= 0)
+
+    # -- fetched full rows: the node of each fetched prefix, found by binary search of the views
+    rp = s.row_prefixes.astype(np.int64)
+    rl = s.row_lengths.astype(np.int64)
+    n_valid = xp.sum(valid.astype(np.int64))
+    at = _lex_lower_bound(xp, srt, n_valid, rp)
+    c = xp.clip(at, 0, n - 1)
+    cols = xp.arange(width)[None, :]
+    match = (rl >= 0) & (at < n_valid) & (sl[c] >= rl) & xp.all((srt[c] == rp) | (cols >= rl[:, None]), axis=1)
+    row_node = xp.where(match, node[c, xp.clip(rl, 0, width)], -1)
+    has_eos = xp.any((rp == eos) & (cols < rl[:, None]) & (eos >= 0), axis=1)
+    row_live = match & (rl < max_len) & ~has_eos
+    fetched = ops.seg_max(row_live.astype(np.float64), xp.where(row_live, row_node, size), size) > 0
+    rows_v = xp.minimum(rows_v, 0.0)
+    row_best = xp.max(rows_v, axis=1)
+    moved = xp.maximum(moved, xp.max(xp.where(row_live & has_dist[row_node], _gap(xp, best_top[row_node], row_best), 0.0),
+                                      initial=0.0))
+    t = xp.arange(rows_v.shape[1])[None, :]
+    row_last = (eos >= 0) & (rl == max_len - 1)
+    row_ok = (row_live[:, None] & xp.isfinite(rows_v) & ~is_child(row_node[:, None] + 0 * t, t)
+              & (~row_last[:, None] | (t == eos)))
+    rows_exit = xp.where(row_ok, score[row_node][:, None] + rows_v, -inf)
+    # -- top-m, rest and eos exits at each node's first occurrence with a distribution
+    # a node's occurrences are adjacent in sorted order, those ending there (padding sorts first)
+    # before those with a distribution: the first of the latter is where its exits are read
+    after = xp.concatenate([xp.zeros((1, width), bool), dist[:-1] & (dnode[:-1] == dnode[1:])], axis=0)
+    first = dist & ~after & ~fetched[dnode]
+    last = (eos >= 0) & (depth[:width] == max_len - 1)
+    nscore = score[dnode]
+    named = first[..., None] & ~is_child(dnode[..., None] + 0 * top_ids, top_ids) & xp.isfinite(top_lps) & ~last[None, :, None]
+    top = xp.where(named, nscore[..., None] + top_lps, -inf)
+    floor_m = xp.min(top_lps, axis=2)
+    has_rest = (vocab < 0) | (m < vocab)
+    rest = xp.where(first & ~last[None, :] & xp.isfinite(floor_m) & has_rest, nscore + floor_m, -inf)
+    eos_open = first & last[None, :] & xp.isfinite(eos_lps) & ~is_child(dnode, xp.zeros_like(dnode) + eos)
+    eos_exit = xp.where(eos_open, nscore + eos_lps, -inf)
+    # -- leaves: live ones without a distribution, complete ones never scored as themselves
+    row_ids = xp.arange(n)
+    leaf = node[row_ids, xp.clip(sl, 0, width)]
+    tail = srt[row_ids, xp.clip(sl - 1, 0, width - 1)]
+    done = (sl >= 0) & xp.where(eos >= 0, (sl > 0) & (tail == eos), sl == max_len)
+    live_leaf = (sl >= 0) & (sl < max_len) & ~done
+    blind = xp.where(live_leaf & ~has_dist[leaf] & ~fetched[leaf], score[leaf], -inf)
+    whole = s.whole[perm]
+    seen = ops.seg_max(done.astype(np.float64), xp.where(done, leaf, size), size) > 0
+    as_itself = ops.seg_max((done & whole).astype(np.float64), xp.where(done & whole, leaf, size), size) > 0
+    complete_exit = xp.where(done & seen[leaf] & ~as_itself[leaf], score[leaf], -inf)
+    # -- nothing scored: the root's fetched row, or one rest exit worth 0
+    root_row = (rl == 0)[:, None] & xp.isfinite(rows_v) & ((max_len != 1) | (eos < 0) | (t == eos))
+    root = xp.where(xp.any(rl == 0), xp.max(xp.where(root_row, rows_v, -inf), initial=-inf), 0.0)
+    root = xp.where(n_valid == 0, root, -inf)
+    exits = ExitValues(perm, node, sl, top, top_ids, rest, eos_exit, blind, complete_exit, rows_exit, row_node, c, rl)
+    bound = root
+    for part in (top, rest, eos_exit, blind, complete_exit, rows_exit):
+        bound = xp.maximum(bound, xp.max(part, initial=-inf))
+    return bound, moved, exits
 
 
-def _is_child(trie: Trie, nodes: np.ndarray, toks: np.ndarray) -> np.ndarray:
-    """bool[...]: whether ``nodes + toks`` is in the trie (same shapes): a compare where the
-    node has at most one child, a search of ``child_keys`` where it has more."""
-    only = trie.only_child[nodes]
-    out = (only >= 0) & (toks == only)
-    many = only == -2
-    if many.any():
-        keys = nodes[many] * trie.base + toks[many]
-        pos = np.minimum(np.searchsorted(trie.child_keys, keys), trie.child_keys.size - 1)
-        out[many] = trie.child_keys[pos] == keys
-    return out
+def structure_numbers(structure: Structure) -> tuple[int, int, int]:
+    """``(vocab, eos, max_len)`` with -1 for an unknown vocabulary and for no eos."""
+    vocab = -1 if structure.vocab_size is None else int(structure.vocab_size)
+    return vocab, -1 if structure.eos is None else int(structure.eos), int(structure.max_len)
 
 
-def _node(trie: Trie, prefix: tuple) -> int:
-    """The node of ``prefix`` (-1 when it is not in the trie), walked from the root (node 0)."""
-    node = 0
-    for t in prefix:
-        key = node * trie.base + int(t)
-        pos = int(np.searchsorted(trie.child_keys, key))
-        if not 0 <= t < trie.base or pos == trie.child_keys.size or trie.child_keys[pos] != key:
-            return -1
-        node = int(trie.child_nodes[pos])
-    return node
+@partial(jax.jit, static_argnames=())
+def frontier_bound(s: ScoredArrays, valid, vocab, eos, max_len):
+    """``(bound, moved)`` of :func:`frontier_values` under ``jax.jit`` (vmap it over a leading
+    query axis of ``valid: bool[Q, N]``, or of ``s`` for different scored sets); run it with
+    ``jax.enable_x64(True)``."""
+    bound, moved, _ = frontier_values(s, valid, vocab, eos, max_len, _JAX)
+    return bound, moved
 
 
-def node_scores(s: ScoredArrays, trie: Trie) -> tuple[np.ndarray, float]:
-    """``(score float64[K], moved)``: each node's target score (the largest of its occurrences,
-    so the bound is the looser one) and the largest difference between two forwards' numbers for
-    one prefix that the scored set shows (its score, its distribution's largest log-prob, its
-    eos log-prob, a fetched full row's largest log-prob; see assumption 4 of the module
-    docstring)."""
-    n_nodes = trie.first.shape[0]
-    width = trie.node_of.shape[1]
-    cum = np.concatenate([np.zeros((s.tokens.shape[0], 1)), np.cumsum(s.steps, axis=1)], axis=1)[:, :width]
-    at = trie.node_of >= 0  # every (row, depth) with depth <= the row's length
-    score, moved = _spread(trie.node_of[at], cum[at], n_nodes)
-    d = np.arange(width)[None, :]
-    has = at & (d < s.lengths[:, None])  # positions with a distribution
-    nodes = trie.node_of[has]
-    if nodes.size:
-        rows, depths = np.nonzero(has)
-        top = s.top_lps[rows, depths].max(axis=1).astype(np.float64)
-        for values in (top, s.eos_lps[rows, depths].astype(np.float64)):
-            moved = max(moved, _spread(nodes, values, n_nodes)[1])
-        if s.rows:
-            best = np.full(n_nodes, -np.inf)
-            np.maximum.at(best, nodes, top)
-            has = np.zeros(n_nodes, bool)
-            has[nodes] = True
-            for prefix, row in s.rows.items():
-                v = _node(trie, prefix)
-                if v >= 0 and has[v]:
-                    moved = max(moved, float(_gap(best[v], np.max(row, initial=-np.inf))))
-    return score, moved
+class Frontier(NamedTuple):
+    """``bound``: the frontier bound F (float64; -inf when no exit exists, i.e. the scored set
+    holds the target's whole support); ``exits``: the exits worth at least the floor asked for
+    (and the best one), one per (node, token), for the search to expand; ``moved``: the largest
+    difference between two forwards' numbers for one prefix (nats; a proof needs it within the
+    target's ``score_tolerance``)."""
+
+    bound: float
+    exits: Exits
+    moved: float = 0.0
 
 
-def _spread(nodes: np.ndarray, values: np.ndarray, n_nodes: int) -> tuple[np.ndarray, float]:
-    """Per node, the largest of ``values`` (float64[K], -inf where none) and the largest
-    difference within one node (``inf`` when one occurrence is -inf and another is not)."""
-    hi = np.full(n_nodes, -np.inf)
-    lo = np.full(n_nodes, np.inf)
-    np.maximum.at(hi, nodes, values)
-    np.minimum.at(lo, nodes, values)
-    seen = np.isfinite(lo) | (hi > -np.inf)
-    if not seen.any():
-        return hi, 0.0
-    return hi, float(np.max(_gap(hi[seen], lo[seen])))
+def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> Frontier:
+    """The frontier bound of a scored set (every row) and its exits worth at least ``floor``, on
+    the host (numpy)."""
+    check_assumptions(s, structure)
+    if s.tokens.shape[0] == 0:  # nothing scored: the root alone, live
+        ex = _root_exits(s, structure)
+        return Frontier(float(ex.value.max(initial=-np.inf)), _at_least(ex, floor), 0.0)
+    valid = np.ones(s.tokens.shape[0], bool)
+    bound, moved, values = frontier_values(s, valid, *structure_numbers(structure))
+    return Frontier(float(bound), _at_least(exit_list(values, structure), floor), float(moved))
 
 
-def _gap(a, b):
-    """``|a - b|`` where two -inf agree (0) and -inf against a number is ``inf``."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    with np.errstate(invalid="ignore"):
-        return np.where(a == b, 0.0, np.abs(a - b))
-
-
-def node_exits(s: ScoredArrays, trie: Trie, structure: Structure, floor: float = -np.inf, score=None) -> Exits:
-    """The exits of the trie with their bounds (see the module docstring), from each node's
-    ``score: float64[K]`` (:func:`node_scores`, computed when not given): every one worth at
-    least ``floor``, and the best one (so their max is the frontier bound) when all are below.
-    Exits worth ``-inf`` bound nothing and are left out."""
-    n_nodes = trie.first.shape[0]
-    if n_nodes == 0:  # nothing scored: the root alone, live
-        return _root_exits(s, structure)
-    if score is None:
-        score = node_scores(s, trie)[0]
-    nodes_d, occ_d = _occurrences(trie, s.lengths)
-    live = _live(trie, s.tokens, structure)
-    fetched = np.zeros(n_nodes, bool)
-    at = [_node(trie, p) for p in s.rows]
-    fetched[[v for v in at if v >= 0]] = True
-    fetched &= live
-    with_dist = np.zeros(n_nodes, bool)
-    with_dist[nodes_d] = True
-    top = live[nodes_d] & ~fetched[nodes_d]
-    blind = np.flatnonzero(live & ~fetched & ~with_dist)
-    unscored = np.flatnonzero(_unscored_complete(s, trie, structure))
-    parts = [
-        _top_m_exits(s, trie, structure, nodes_d[top], occ_d[top], score, floor),
-        _row_exits(s, trie, structure, np.flatnonzero(fetched), score),
-        # Live nodes without a distribution: everything below them is bounded by their score.
-        Exits(trie.first[blind, 0], trie.first[blind, 1], np.full(blind.size, REST), score[blind]),
-        Exits(trie.first[unscored, 0], trie.first[unscored, 1], np.full(unscored.size, COMPLETE), score[unscored]),
-    ]
-    ex = _concat(parts)
-    ex = Exits(*(a[ex.value > -np.inf] for a in ex))
-    return _at_least(ex, floor)
-
-
-def _unscored_complete(s: ScoredArrays, trie: Trie, structure: Structure) -> np.ndarray:
-    """bool[K]: nodes that are whole support sequences but no scored sequence is that node itself
-    (only longer draft sequences the target cut there)."""
-    rows = np.arange(s.lengths.size)
-    end = trie.node_of[rows, s.lengths]
-    comp = complete(s.tokens, s.lengths, structure)
-    out = np.zeros(trie.first.shape[0], bool)
-    out[end[comp]] = True
-    out[end[comp & s.whole]] = False
-    return out
+def exit_list(v: ExitValues, structure: Structure) -> Exits:
+    """Every exit of ``v`` (host arrays) as ``(scored row, depth, token, value)``, one per (node,
+    token): the prefix is the scored row's first ``depth`` tokens."""
+    parts = []  # (sorted row, depth, token, node, value)
+    i, d, j = np.nonzero(v.top > -np.inf)
+    parts.append((i, d, v.top_ids[i, d, j], v.node[i, d], v.top[i, d, j]))
+    for values, token in ((v.rest, REST), (v.eos, structure.eos)):
+        i, d = np.nonzero(values > -np.inf)
+        parts.append((i, d, np.full(i.size, token, np.int64), v.node[i, d], values[i, d]))
+    for values, token in ((v.blind, REST), (v.complete, COMPLETE)):
+        i = np.flatnonzero(values > -np.inf)
+        parts.append((i, v.lengths[i], np.full(i.size, token, np.int64), v.node[i, v.lengths[i]], values[i]))
+    r, t = np.nonzero(v.rows > -np.inf)
+    parts.append((v.row_at[r], v.row_depth[r], t, v.row_nodes[r], v.rows[r, t]))
+    rows, depth, token, node, value = (np.concatenate([np.asarray(p[f], dt) for p in parts])
+                                       for f, dt in enumerate((np.int64,) * 4 + (np.float64,)))
+    # one exit per (node, token): the same node is met in several rows (complete, blind leaves)
+    _, keep = np.unique(np.stack([node, token]), axis=1, return_index=True)
+    return Exits(np.asarray(v.perm)[rows[keep]], depth[keep], token[keep], value[keep])
 
 
 def _at_least(ex: Exits, floor: float) -> Exits:
@@ -329,120 +440,16 @@ def _concat(parts) -> Exits:
 
 def _root_exits(s: ScoredArrays, structure: Structure) -> Exits:
     """Exits of an empty scored set: every token from the fetched root row, or one rest exit."""
-    row = s.rows.get(())
-    if row is None:
+    at = np.flatnonzero(np.asarray(s.row_lengths) == 0)
+    if at.size == 0:
         return Exits(np.array([-1]), np.array([0]), np.array([REST]), np.array([0.0]))
-    toks = np.arange(np.asarray(row).size)
+    row = np.asarray(s.row_values[at[0]], np.float64)
+    toks = np.arange(row.size)
     if structure.eos is not None and structure.max_len == 1:
         toks = toks[toks == structure.eos]
-    vals = np.minimum(np.asarray(row, np.float64)[toks], 0.0)
+    vals = np.minimum(row[toks], 0.0)
     keep = np.isfinite(vals)
     return _concat([Exits(np.full(int(keep.sum()), -1), np.zeros(int(keep.sum())), toks[keep], vals[keep])])
-
-
-def _occurrences(trie: Trie, lengths: np.ndarray):
-    """For each node that has a distribution, an occurrence ``(row, depth)`` with ``depth <
-    lengths[row]``: returns ``(nodes int64[K'], occ int64[K', 2])``."""
-    d = np.arange(trie.node_of.shape[1])[None, :]
-    ok = (trie.node_of >= 0) & (d < lengths[:, None])
-    rows, depths = np.nonzero(ok)
-    nodes, idx = np.unique(trie.node_of[rows, depths], return_index=True)
-    return nodes, np.stack([rows[idx], depths[idx]], axis=1)
-
-
-def _live(trie: Trie, tokens: np.ndarray, structure: Structure) -> np.ndarray:
-    """bool[K]: nodes a support sequence can still extend."""
-    row, depth = trie.first[:, 0], trie.first[:, 1]
-    live = depth < structure.max_len
-    if structure.eos is not None:
-        seen = np.cumsum(tokens == structure.eos, axis=1)
-        seen = np.concatenate([np.zeros((tokens.shape[0], 1), seen.dtype), seen], axis=1)
-        live &= seen[row, depth] == 0
-    return live
-
-
-def _prefix(s: ScoredArrays, trie: Trie, node: int) -> tuple:
-    row, depth = trie.first[node]
-    return tuple(int(t) for t in s.tokens[row, :depth])
-
-
-def _top_m_exits(s, trie, structure, nodes, occ, prefix_score, floor=-np.inf) -> Exits:
-    """Exits named by the top-m of nodes' distributions (those below ``floor`` left out but the
-    best), each node's rest exit and the eos exits of nodes one short of ``max_len``."""
-    rows, depths = occ[:, 0], occ[:, 1]
-    vals = s.top_lps[rows, depths].astype(np.float64)  # [K, m]
-    ids = s.top_ids[rows, depths].astype(np.int64)
-    m = vals.shape[1]
-    last = np.zeros(nodes.size, bool) if structure.eos is None else depths == structure.max_len - 1
-    child = _is_child(trie, np.broadcast_to(nodes[:, None], ids.shape), ids)
-    allowed = ~child & np.isfinite(vals) & ~last[:, None]
-    if floor > -np.inf and allowed.any():
-        worth = prefix_score[nodes][:, None] + vals
-        best = np.unravel_index(np.argmax(np.where(allowed, worth, -np.inf)), worth.shape)
-        kept = allowed & ~(worth < floor)
-        kept[best] |= allowed[best]  # the best ALLOWED exit (never a child: all may be -inf)
-        allowed = kept
-    k_idx, j_idx = np.nonzero(allowed)
-    seq = [trie.first[nodes[k_idx], 0]]
-    dep = [depths[k_idx]]
-    tok = [ids[k_idx, j_idx]]
-    val = [prefix_score[nodes[k_idx]] + vals[k_idx, j_idx]]
-    # Tokens outside the top-m: at most the smallest named value each (none when m covers a
-    # KNOWN vocabulary; a whole row padded to m holds -inf, so it has none either).
-    if structure.vocab_size is None or m < structure.vocab_size:
-        low = vals.min(axis=1)
-        rest = ~last & np.isfinite(low)
-        seq.append(trie.first[nodes[rest], 0])
-        dep.append(depths[rest])
-        tok.append(np.full(int(rest.sum()), REST))
-        val.append(prefix_score[nodes[rest]] + low[rest])
-    if structure.eos is not None and last.any():
-        eos_vals = s.eos_lps[rows[last], depths[last]].astype(np.float64)
-        open_ = ~_is_child(trie, nodes[last], np.full(int(last.sum()), structure.eos)) & np.isfinite(eos_vals)
-        seq.append(trie.first[nodes[last][open_], 0])
-        dep.append(depths[last][open_])
-        tok.append(np.full(int(open_.sum()), structure.eos))
-        val.append(prefix_score[nodes[last][open_]] + eos_vals[open_])
-    return _concat([Exits(*parts) for parts in zip(seq, dep, tok, val)])
-
-
-def _row_exits(s, trie, structure, nodes, prefix_score) -> Exits:
-    """Exact exits of nodes whose full next-token row was fetched."""
-    parts = []
-    for v in nodes:
-        row = np.minimum(np.asarray(s.rows[_prefix(s, trie, v)], np.float64), 0.0)
-        depth = int(trie.first[v, 1])
-        toks = np.arange(row.size)
-        if structure.eos is not None and depth == structure.max_len - 1:
-            toks = toks[toks == structure.eos]
-        toks = toks[~_is_child(trie, np.full(toks.size, v), toks) & np.isfinite(row[toks])]
-        parts.append(Exits(np.full(toks.size, trie.first[v, 0]), np.full(toks.size, depth), toks, prefix_score[v] + row[toks]))
-    return _concat(parts)
-
-
-class Frontier(NamedTuple):
-    """``bound``: the frontier bound F (float64; -inf when no exit exists, i.e. the scored set
-    holds the target's whole support); ``exits``: every exit, for the search to expand;
-    ``moved``: the largest difference between two forwards' numbers for one prefix (nats; a
-    proof needs it within the target's ``score_tolerance``)."""
-
-    bound: float
-    exits: Exits
-    moved: float = 0.0
-
-
-def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> Frontier:
-    """The frontier bound of a scored set and the exits it comes from: all of them count in the
-    bound; ``exits`` keeps those worth at least ``floor`` (a search that could only open exits
-    above some score leaves out the rest)."""
-    check_assumptions(s, structure)
-    vocab = 0 if structure.vocab_size is None else structure.vocab_size
-    base = int(max(vocab, int(s.tokens.max(initial=-1)) + 1, int(s.top_ids.max(initial=-1)) + 1, 1))
-    trie = build_trie(s.tokens, s.lengths, base)
-    score, moved = node_scores(s, trie) if trie.first.shape[0] else (None, 0.0)
-    exits = node_exits(s, trie, structure, floor, score)
-    bound = float(exits.value.max()) if exits.value.size else -np.inf
-    return Frontier(bound, exits, moved)
 
 
 def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
@@ -456,18 +463,20 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
         raise ValueError(f"the target's vocab_size must be >= 1 or unknown (None), got {vocab!r}")
     if structure.eos is not None and (structure.eos < 0 or vocab is not None and structure.eos >= vocab):
         raise ValueError(f"the target's eos={structure.eos} is not a token id in [0, {vocab})")
-    real = np.arange(s.steps.shape[1])[None, :] < s.lengths[:, None]  # positions with a distribution
-    for name, arr in (("step", s.steps[real]), ("top-m", s.top_lps[real]), ("eos", s.eos_lps[real])):
+    width = s.tokens.shape[1]
+    real = np.arange(width)[None, :] < s.lengths[:, None]  # positions with a distribution
+    for name, arr in (("step", s.steps[:, :width][real]), ("top-m", s.top_lps[:, :width][real]),
+                      ("eos", s.eos_lps[:, :width][real])):
         if arr.size and not np.all(arr <= 0.0):  # NaN fails this too
             raise ValueError(
                 f"the target's forward returned a {name} log-prob that is NaN or above 0 (after "
                 "clipping): it breaks the proof's assumption that every step costs >= 0 nats"
             )
     if vocab is not None and s.top_ids.size:
-        ids = s.top_ids[real][np.isfinite(s.top_lps[real])]
-        if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+        top = s.top_ids[:, :width][real][np.isfinite(s.top_lps[:, :width][real])]
+        if top.size and (int(top.max()) >= vocab or int(top.min()) < 0):
             raise ValueError(
-                f"the target's forward named token {int(ids.max())} among a position's "
+                f"the target's forward named token {int(top.max())} among a position's "
                 f"top-m, outside its vocabulary [0, {vocab})"
             )
 

@@ -278,7 +278,7 @@ class ScoredSet:
         full = self._arrays()
         if n is None or n >= len(self.seqs):
             return full
-        return ScoredArrays(*(a[:n] for a in full[:7]), full.rows)
+        return ScoredArrays(*(a[:n] for a in full[:7]), *full[7:])
 
     def _arrays(self) -> ScoredArrays:
         if self._cache is not None:
@@ -306,8 +306,20 @@ class ScoredSet:
                                                  [np.zeros((0, width, m), np.int32)],
                                                  [np.zeros((0, width), np.float32)]]
         steps, top_lps, top_ids, eos_lps = (np.concatenate(c) for c in cols)
-        self._cache = ScoredArrays(tokens, lengths, whole, steps, top_lps, top_ids, eos_lps, self.rows)
+        self._cache = ScoredArrays(tokens, lengths, whole, steps, top_lps, top_ids, eos_lps, *self._row_arrays(length))
         return self._cache
+
+    def _row_arrays(self, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fetched rows as ``(prefixes int64[R, length] padded with -1, lengths int64[R],
+        values float32[R, V])``; a prefix longer than every view is in no trie and left out."""
+        fetched = [(p, r) for p, r in self.rows.items() if len(p) <= length]
+        width = max([r.size for _, r in fetched] + [1])
+        prefixes = np.full((len(fetched), length), -1, np.int64)
+        values = np.full((len(fetched), width), -np.inf, np.float32)
+        for i, (p, r) in enumerate(fetched):
+            prefixes[i, : len(p)] = p
+            values[i, : r.size] = r
+        return prefixes, np.array([len(p) for p, _ in fetched], np.int64), values
 
 
 def _padded(fs: FrontierScores, width: int, m: int):
