@@ -40,9 +40,13 @@ _EXPORTS = {
     "init_carry": "jaxrescore.rescore",
     "load_model": "jaxrescore.models",
     "quantize_int8": "jaxrescore.models",
-    # The pure core stays at ``jaxrescore.rescore.rescore``: re-exporting the function here would
-    # shadow the ``jaxrescore.rescore`` subpackage.
+    # The pure core (``jaxrescore.rescore.rescore``) is exported as ``rescore_batch``: the name
+    # ``rescore`` here would shadow the ``jaxrescore.rescore`` subpackage.
+    "frontier_bound": "jaxrescore.rescore",
+    "proof_verdict": "jaxrescore.rescore",
+    "rescore_batch": "jaxrescore.rescore",
     "rescore_many": "jaxrescore.rescore",
+    "rescore_sweep": "jaxrescore.rescore",
     "save_model": "jaxrescore.models",
     "top_k": "jaxrescore.quick",
     "train_lm": "jaxrescore.models",

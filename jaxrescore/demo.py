@@ -339,7 +339,7 @@ def _check_gap(gap) -> float | None:
 
 def proven_top_k(index, target, k: int, window: int | None) -> dict:
     """The proven top-``k``: ``RescoredIndex(index, target).top_k(k, prove=True)`` and its cost."""
-    from jaxrescore.rescore.index import RescoredIndex
+    from jaxrescore.rescore.rescored_index import RescoredIndex
 
     rescored = RescoredIndex(index, target, rerank_window=PROVE_WINDOW if window is None else window)
     result = rescored.top_k(k, prove=True)
@@ -358,7 +358,7 @@ def proven_top_k(index, target, k: int, window: int | None) -> dict:
 def certified_top_k(index, target, k: int, window: int | None, gap: float) -> dict:
     """The spec's gap-certified top-``k``: with ``window=None`` a :data:`FIRST_WINDOW` query grown
     until certified (``until_certified``), else one query with that window."""
-    from jaxrescore.rescore.index import RescoredIndex
+    from jaxrescore.rescore.rescored_index import RescoredIndex
 
     rescored = RescoredIndex(index, target, rerank_window=FIRST_WINDOW if window is None else window, assumed_gap=gap)
     result = rescored.top_k(k, until_certified=window is None)

@@ -16,7 +16,8 @@ import numpy as np
 from jaxrescore.index import SeekIndex
 from jaxrescore.models.scores import DEFAULT_TOP_M
 from jaxrescore.models.text import encode_prompt
-from jaxrescore.rescore.index import DEFAULT_MAX_ROUNDS, RescoredIndex
+from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS
+from jaxrescore.rescore.rescored_index import RescoredIndex
 from jaxrescore.rescore.many import rescore_many
 from jaxrescore.rescore.result import RescoreResult
 

@@ -18,7 +18,7 @@ from jaxrescore.models import from_apply_fn, load_model, quantize_int8, sample_s
 from jaxrescore.rescore import estimate_gap, estimate_top_gap
 from jaxrescore.models.checked import CheckedModel, checked_model, model_rows
 from jaxrescore.models.checkpoint import ModelFileError
-from jaxrescore.rescore.search import completion_model
+from jaxrescore.rescore.speculate import completion_model
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch, checked_batch, from_tuples
 
 

@@ -125,13 +125,13 @@ def test_the_role_rule_resolves_in_the_docstrings_scope(caplog):
     loader.load("jaxrescore")
     loader.resolve_aliases(implicit=False, external=False)
     collection = loader.modules_collection
-    top_k = collection.get_member("jaxrescore.rescore.index.RescoredIndex.top_k")
+    top_k = collection.get_member("jaxrescore.rescore.rescored_index.RescoredIndex.top_k")
 
     def convert(text, obj=top_k):
         return roles.convert(text, obj, collection)
 
     ref = '<autoref identifier="{}" optional><code>{}</code></autoref>'
-    assert convert(":meth:`sweep`") == ref.format("jaxrescore.rescore.index.RescoredIndex.sweep", "sweep")
+    assert convert(":meth:`sweep`") == ref.format("jaxrescore.rescore.rescored_index.RescoredIndex.sweep", "sweep")
     assert convert(":class:`~jaxrescore.models.ApplyFnLM`") == ref.format("jaxrescore.models.ApplyFnLM", "ApplyFnLM")
     assert convert(":py:func:`jaxrescore.models.from_apply_fn`") == ref.format(
         "jaxrescore.models.from_apply_fn", "jaxrescore.models.from_apply_fn")
@@ -142,7 +142,7 @@ def test_the_role_rule_resolves_in_the_docstrings_scope(caplog):
     with caplog.at_level("WARNING"):
         assert convert(":func:`no_such_function`") == "<code>no_such_function</code>"
         assert convert(":class:`jaxrescore.models.NoSuchModel`") == "<code>jaxrescore.models.NoSuchModel</code>"
-    where = "jaxrescore.rescore.index.RescoredIndex.top_k: cross-reference"
+    where = "jaxrescore.rescore.rescored_index.RescoredIndex.top_k: cross-reference"
     messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(messages) == 2 and all(where in m for m in messages), messages
     assert ":func:`no_such_function` does not resolve" in messages[0]

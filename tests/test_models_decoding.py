@@ -14,7 +14,7 @@ from jaxrescore.models.int8 import quantize_int8
 from jaxrescore.models.ngram import NGramLM
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 from jaxrescore.models.base import Structure
-from jaxrescore.rescore.search import greedy_complete
+from jaxrescore.rescore.speculate import greedy_complete
 from model_checks import check_protocol
 
 ATOL = 1e-5

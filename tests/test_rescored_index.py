@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from brute import BruteIndex, TableModel, true_excess, true_gap, true_top_scores
 from jaxrescore import Quantizer, RescoredIndex, RescoreResult
-from jaxrescore.rescore.index import TRACE_COUNTS
+from jaxrescore.rescore.answer import TRACE_COUNTS
 
 
 class Spy:
@@ -182,7 +182,7 @@ def test_foreign_bound_covers_per_step_floor_slack():
     draft, _ = pair(11, vocab=3, max_len=3)
     index = BruteIndex(draft, q, with_bound=False)
     for n in range(1, len(index)):
-        b = RescoredIndex(index, draft, rerank_window=0, assumed_gap=0.0)._draft.bound(n, _pull(index, n))
+        b = RescoredIndex(index, draft, rerank_window=0, assumed_gap=0.0).draft.bound(n, _pull(index, n))
         assert all(row[2] <= b.value for row in index.rows[n:])
 
 

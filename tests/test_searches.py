@@ -116,7 +116,7 @@ def _greedy_by_hand(table, prefixes, eos, max_len, branch):
 @pytest.mark.parametrize("eos, branch", [(None, 1), (None, 3), (2, 1), (2, 2), (0, 4)])
 def test_greedy_completion_matches_the_one_row_at_a_time_rule(eos, branch):
     from jaxrescore.models.base import Structure
-    from jaxrescore.rescore.search import greedy_complete
+    from jaxrescore.rescore.speculate import greedy_complete
 
     rng = np.random.default_rng(branch)
     table = TableModel(4, 5, 11 + branch, eos=eos)

@@ -13,7 +13,7 @@ import pytest
 
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models.callable import CallableModel
-from jaxrescore.rescore.index import RescoredIndex
+from jaxrescore.rescore.rescored_index import RescoredIndex
 from seek_oracle import make_model, oracle
 
 QUERIES = [  # (start, k, rerank_window)

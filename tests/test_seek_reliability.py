@@ -209,7 +209,7 @@ def test_issue_repro_a_huge_negative_root_step_is_not_exhaustion():
     assert index.rank_bracket((1,)) == (1, math.inf)
     assert index.rank_bracket((0,)) == (0, 0)
     # the rescoring layer must then not certify a one-item answer to top_k(2)
-    from jaxrescore.rescore.index import RescoredIndex
+    from jaxrescore.rescore.rescored_index import RescoredIndex
 
     result = RescoredIndex(index, model, rerank_window=0, assumed_gap=0.0).top_k(2)
     assert len(result.items) == 1 and result.certified is not True

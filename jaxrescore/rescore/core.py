@@ -52,6 +52,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
 CERT_NONE, CERT_FALSE, CERT_TRUE = -1, 0, 1
+# Why the certificate came out as it did (RescoreOutput.why): the one decision, read by the
+# shell's reason text and by the search that grows a pull until certified.
+WHY_NOT_ASKED, WHY_NO_BOUND, WHY_UNSCORED, WHY_REFUTED, WHY_EXHAUSTED, WHY_SHORT, WHY_CLEARS, WHY_SHORT_OF = range(8)
 
 
 class GapCarry(NamedTuple):
@@ -92,6 +95,9 @@ class RescoreOutput(NamedTuple):
         (not requested, nothing left unpulled, or no sound bound).
       gap: float[], running max observed ``|target - draft|`` including this batch.
       excess: float[], running max observed ``target - draft`` including this batch.
+      why: int8[], the reason of ``certified``, one of ``WHY_*``: not asked (no gap), no sound
+        bound, a pulled row left unscored, the gap refuted by the evidence, the draft exhausted,
+        the slice short of k, the worst score clears the bound + gap, or it does not.
     """
 
     perm: jax.Array
@@ -101,6 +107,7 @@ class RescoreOutput(NamedTuple):
     bound: jax.Array
     gap: jax.Array
     excess: jax.Array
+    why: jax.Array
 
 
 def target_order(target_lps: jax.Array, valid: jax.Array) -> jax.Array:
@@ -123,18 +130,19 @@ def _clears(worst, bound, assumed_gap, tolerance):
     return worst - (bound + assumed_gap) >= margin + tolerance
 
 
-def update_carry(carry: GapCarry, target_lps, draft_lps, valid) -> GapCarry:
-    """The carry after rescoring the valid rows of one batch in one target call: every row with a
-    finite target score and a known (non-NaN) draft score is evidence, ``+inf`` excess where
-    the draft rules the sequence out."""
+def update_carry(carry: GapCarry, target_lps, draft_lps, valid, calls=1, sequences=None) -> GapCarry:
+    """The carry after rescoring the valid rows of one batch: every row with a finite target
+    score and a known (non-NaN) draft score is evidence, ``+inf`` excess where the draft rules
+    the sequence out. The batch took ``calls`` target calls (1: one teacher-forcing call) that
+    evaluated ``sequences`` sequences and rows (None: the valid rows)."""
     finite = valid & jnp.isfinite(target_lps) & ~jnp.isnan(draft_lps)
     diffs = jnp.where(finite, target_lps - draft_lps, 0)
     dtype = carry.max_gap.dtype
     return GapCarry(
         max_gap=jnp.maximum(carry.max_gap, jnp.max(jnp.abs(diffs), initial=0).astype(dtype)),
         max_excess=jnp.maximum(carry.max_excess, jnp.max(jnp.where(finite, diffs, -jnp.inf), initial=-jnp.inf).astype(dtype)),
-        sequences=carry.sequences + jnp.sum(valid, dtype=jnp.int32),
-        calls=carry.calls + 1,
+        sequences=carry.sequences + (jnp.sum(valid, dtype=jnp.int32) if sequences is None else sequences),
+        calls=carry.calls + calls,
     )
 
 
@@ -210,8 +218,13 @@ def rescore(
     certified = jnp.where(requested, proven.astype(jnp.int8), jnp.int8(CERT_NONE))
     bound = jnp.where(requested & has_bound & ~exhausted, edge, jnp.nan)
 
+    why = jnp.select(
+        [~requested, ~has_bound, ~all_scored, refuted, exhausted, ~full, cleared],
+        [WHY_NOT_ASKED, WHY_NO_BOUND, WHY_UNSCORED, WHY_REFUTED, WHY_EXHAUSTED, WHY_SHORT, WHY_CLEARS],
+        WHY_SHORT_OF,
+    ).astype(jnp.int8)
     out = RescoreOutput(
-        perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess
+        perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess, why
     )
     return out, new_carry
 
@@ -229,6 +242,8 @@ def rescore_sweep(
     k_max: int,
     tolerance: ArrayLike = 0.0,
     evidence: ArrayLike | None = None,
+    calls: ArrayLike = 1,
+    sequences: ArrayLike | None = None,
 ) -> tuple[RescoreOutput, GapCarry]:
     """:func:`rescore` vmapped over a leading query axis ``Q`` of ``valid [Q, N]``, ``starts``,
     ``ks`` and ``assumed_gaps [Q]``; the batch arrays, the carry and ``tolerance`` are shared.
@@ -237,16 +252,27 @@ def rescore_sweep(
     any query covers (one target call) and every row of ``evidence`` (bool[N], optional: pairs
     observed in the call that are no answer of any query), and every query decides against that
     carry, so query ``q`` equals :func:`rescore` of its own rows with the batch's carry. Returns
-    the per-query outputs (leading axis ``Q``) and that one carry."""
+    the per-query outputs (leading axis ``Q``) and that one carry, which counts ``calls`` target
+    calls and ``sequences`` evaluated (see :func:`update_carry`): a search's rounds and fetched
+    rows, scored before this one decision."""
     target_lps, draft_lps = jnp.asarray(target_lps), jnp.asarray(draft_lps)
     covered = jnp.any(jnp.asarray(valid, bool), axis=0)
     if evidence is not None:
         covered |= jnp.asarray(evidence, bool)
     covered &= ~jnp.isnan(target_lps)
-    batch_carry = update_carry(carry, target_lps, draft_lps, covered)
+    batch_carry = update_carry(carry, target_lps, draft_lps, covered, calls, sequences)
     per_query = jax.vmap(
         lambda v, s, k, g: rescore(
             target_lps, draft_lps, v, edge_bounds, s, k, g, batch_carry, k_max=k_max, tolerance=tolerance
         )[0]
     )
     return per_query(valid, starts, ks, assumed_gaps), batch_carry
+
+
+def merge_carries(a: GapCarry, b: GapCarry) -> GapCarry:
+    """One carry for the evidence of two (e.g. two indexes' rescoring of one shared call, or
+    shards of one batch): the larger gap and excess, the summed counters."""
+    return GapCarry(
+        jnp.maximum(a.max_gap, b.max_gap), jnp.maximum(a.max_excess, b.max_excess),
+        a.sequences + b.sequences, a.calls + b.calls,
+    )

@@ -481,13 +481,14 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
             )
 
 
-def clears(worst: float, bound, tolerance: float):
-    """Whether ``worst`` provably beats everything below ``bound`` (a float or a float64 array):
-    ``worst >= bound + tolerance`` with float64 rounding on top; a ``-inf`` bound (nothing
-    left) always clears, a non-finite ``worst`` never clears a finite bound. The search opens
-    exactly the exits this refuses, so it never stalls on an exit it could not close."""
-    b = np.asarray(bound, np.float64)
+def clears(worst, bound, tolerance, xp=np):
+    """Whether ``worst`` provably beats everything below ``bound`` (a float or a float64 array;
+    traced with ``xp=jax.numpy``): ``worst >= bound + tolerance`` with float64 rounding on top; a
+    ``-inf`` bound (nothing left) always clears, a non-finite ``worst`` never clears a finite
+    bound. The search opens exactly the exits this refuses, so it never stalls on an exit it
+    could not close."""
+    b = xp.asarray(bound, np.float64)
     with np.errstate(invalid="ignore"):
-        slack = 8 * np.finfo(np.float64).eps * (abs(worst) + np.abs(b))
-        ok = (b == -np.inf) | (np.isfinite(worst) & (worst - b >= tolerance + slack))
-    return bool(ok) if ok.ndim == 0 else ok
+        slack = 8 * np.finfo(np.float64).eps * (xp.abs(worst) + xp.abs(b))
+        ok = (b == -np.inf) | (xp.isfinite(worst) & (worst - b >= tolerance + slack))
+    return bool(ok) if xp is np and ok.ndim == 0 else ok

@@ -8,16 +8,12 @@ import numpy as np
 
 from jaxrescore._checks import check_int
 from jaxrescore.models.scores import FrontierScores
-from jaxrescore.rescore.index import (
-    DEFAULT_MAX_ROUNDS,
-    RescoredIndex,
-    RescoreResult,
-    _Query,
-    as_scorer,
-    search_budget,
-)
-from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, forward_rows, frontier_scores
-from jaxrescore.rescore.search import SearchBudget, first_width, next_round
+from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, SearchBudget, make_mode, make_query
+from jaxrescore.rescore.rescored_index import RescoredIndex
+from jaxrescore.rescore.result import RescoreResult
+from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, frontier_scores
+from jaxrescore.rescore.search import SearchState, first_width, next_round
+from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
 
@@ -91,48 +87,46 @@ def rescore_many(
     indexes = list(indexes)
     if not indexes or not all(isinstance(ri, RescoredIndex) for ri in indexes):
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
-    if not isinstance(prove, (bool, np.bool_)):
-        raise ValueError(f"prove must be True or False, got {prove!r}")
-    budget = search_budget(max_rounds, max_sequences, 0, check_int(k, "k", minimum=1))
-    queries = [[_Query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
-    prepared = [ri._prepare(q) for ri, q in zip(indexes, queries)]
+    k = check_int(k, "k", minimum=1)
+    queries = [[make_query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
+    mode = make_mode(prove, False, max_rounds, max_sequences, queries[0])
+    pulls = [ri.draft.pull(q[0].extent) for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
-    parts = [pull.seqs for pull, _ in prepared]
+    parts = [pull.seqs for pull in pulls]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None)] * len(parts)
-    for s, (pull, _), scored in zip(sets, prepared, results):
+    for s, pull, scored in zip(sets, pulls, results):
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = 1 if any(parts) else 0
-    rounds = [1] * len(indexes)
-    proofs = _search_jointly(indexes, sets, k, budget, rounds) if prove else [None] * len(indexes)
+    states = _search_jointly(indexes, sets, k, mode.budget) if mode.prove else [None] * len(indexes)
     out = []
-    for ri, q, (pull, bounds), s, proof, r in zip(indexes, queries, prepared, sets, proofs, rounds):
-        head = bounds.get(min(q[0].extent, len(pull.seqs)))
+    for ri, q, pull, s, state in zip(indexes, queries, pulls, sets, states):
         n = len(s)
-        rows = None if proof is None else [n]
-        out.append(ri._finish(q, s, {n: head} if proof is not None else bounds, rows=rows,
-                              proofs=None if proof is None else [proof], rounds=r)[0])
+        rows = [n] if state is not None else [min(q[0].extent, len(pull.seqs))]
+        bounds = {} if q[0].gap is None else {rows[0]: ri.draft.bound(len(pull.seqs), pull)}
+        proofs = None if state is None else [state.proof]
+        out.append(ri.answer(q, s, rows, bounds, proofs, 1 if state is None else state.rounds)[0])
     return out
 
 
-def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list) -> list:
+def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget) -> list[SearchState]:
     """The speculative exact search for every index at once: per round, each unproven index's new
-    sequences, scored together in ONE call. Updates ``rounds`` in place; returns the proofs."""
-    proofs = [None] * len(indexes)
-    widths = [first_width(ri.search_width, k) for ri in indexes]
-    live = list(range(len(indexes)))
-    while live:
+    sequences, scored together in ONE call. Returns each index's final search state."""
+    states = [SearchState(None, 1, first_width(ri.search_width, k)) for ri in indexes]
+    while True:
         new = {}
-        for i in live:
-            proofs[i], more, widths[i] = next_round(sets[i], 0, k, indexes[i]._complete, budget, rounds[i], widths[i])
+        for i, (ri, state) in enumerate(zip(indexes, states)):
+            if state.stopped:
+                continue
+            proof, more, width = next_round(sets[i], 0, k, ri.complete, budget, state.rounds, state.width)
+            states[i] = state._replace(proof=proof, stopped=more is None)
             if more is not None:
-                new[i] = more
+                new[i] = (more, width)
+        if not new:
+            return states
         live = list(new)
-        if not live:
-            break
-        group = [indexes[i] for i in live]
-        scored = _score_jointly(group, [sets[i] for i in live], [new[i] for i in live])
+        scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i][0] for i in live])
         for i, sc in zip(live, scored):
-            sets[i].add(new[i], indexes[i]._draft_scores(new[i]), np.full(len(new[i]), -1), scored=sc)
+            more, width = new[i]
+            sets[i].add(more, indexes[i].draft_scores(more), np.full(len(more), -1), scored=sc)
             sets[i].calls += 1
-            rounds[i] += 1
-    return proofs
+            states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=width)

@@ -22,20 +22,9 @@ import numpy as np
 
 from jaxrescore.models.base import Structure
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
-from jaxrescore.rescore.frontier import ScoredArrays, complete, view_lengths
+from jaxrescore.rescore.frontier import ScoredArrays, complete
+from jaxrescore.rescore.target import forward_rows, target_structure
 from jaxrescore.sequences import from_tuples
-
-
-def target_structure(target: Any) -> Structure | None:
-    """The target's support as a :class:`Structure` read NOW (an inferred vocabulary grows with
-    every call, so read it after the calls it must cover), or None when the target does not say
-    (a bare scoring function). An inferred vocabulary is reported as unknown (``vocab_size
-    None``), never as its current width."""
-    try:
-        vocab = None if getattr(target, "vocab_inferred", False) is True else int(target.vocab_size)
-        return Structure(vocab, None if target.eos is None else int(target.eos), int(target.max_len))
-    except (AttributeError, TypeError, ValueError):
-        return None
 
 
 def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
@@ -59,19 +48,6 @@ def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
             "a log-prob must be a number <= 0 or -inf"
         )
     return np.minimum(scores, 0.0)
-
-
-def forward_rows(seqs: list, structure: Structure) -> tuple[list, np.ndarray]:
-    """The rows to score (each sequence's view: what the target reads of it) and ``bool[N]``:
-    whether each sequence is in the target's support (its own view, and complete)."""
-    if not seqs:
-        return [], np.zeros(0, bool)
-    batch = from_tuples(seqs)
-    tokens = np.where(batch.mask, batch.tokens, -1).astype(np.int64)
-    cut = view_lengths(tokens, batch.lengths, structure)
-    rows = [s if n == len(s) else s[:n] for s, n in zip(seqs, cut.tolist())]
-    ok = (cut == batch.lengths) & complete(tokens, cut, structure)
-    return rows, ok
 
 
 def frontier_scores(model: Any, rows: list, top_m: int, prompts: list | None = None) -> FrontierScores:

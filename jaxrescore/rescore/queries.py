@@ -1,0 +1,84 @@
+"""What one query asks, checked: the slice, the window, the gap, the flags and the budgets.
+
+Every entry point (``top_k``, ``slice``, ``sweep``, ``rescore_many``, ``jaxrescore.top_k``) takes
+the same keywords and checks them here, with the one validator family of :mod:`jaxrescore._checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from jaxrescore._checks import check_bool, check_float, check_int
+
+DEFAULT_MAX_ROUNDS = 32
+# A search's default budget of target sequences grows with the answer: 65,536, or 1,024 per item
+# asked (start + k), whichever is larger, so a larger k is never held to a small k's budget.
+DEFAULT_MAX_SEQUENCES = 1 << 16
+SEQUENCES_PER_ITEM = 1024
+
+
+class Query(NamedTuple):
+    """One slice ``[start, start + k)`` over a pulled head of ``start + k + window`` draft
+    candidates, certified under ``gap`` (None: certification not asked)."""
+
+    start: int
+    k: int
+    window: int
+    gap: float | None
+
+    @property
+    def extent(self) -> int:
+        return self.start + self.k + self.window
+
+
+def require_gap(value: Any, name: str = "assumed_gap") -> float | None:
+    """None, or a finite number of nats >= 0."""
+    return check_float(value, name, minimum=0.0, allow_none=True, unit="nats")
+
+
+def make_query(start: Any, k: Any, window: Any, gap: Any) -> Query:
+    """A :class:`Query` of checked arguments (ValueError naming the one that is not)."""
+    return Query(
+        check_int(start, "start", minimum=0),
+        check_int(k, "k", minimum=1),
+        check_int(window, "rerank_window", minimum=0),
+        require_gap(gap),
+    )
+
+
+class SearchBudget(NamedTuple):
+    """Limits of one search: scoring rounds (target calls that score sequences) and target
+    sequences (and fetched next-token rows) in all."""
+
+    max_rounds: int
+    max_sequences: int
+
+
+def search_budget(max_rounds: Any, max_sequences: Any, start: int, k: int) -> SearchBudget:
+    """The budget of one search: ``max_rounds`` >= 1, and ``max_sequences`` >= 1 or None (then
+    :data:`DEFAULT_MAX_SEQUENCES` or :data:`SEQUENCES_PER_ITEM` per item asked, the larger)."""
+    rounds = check_int(max_rounds, "max_rounds", minimum=1)
+    if max_sequences is None:
+        return SearchBudget(rounds, max(DEFAULT_MAX_SEQUENCES, SEQUENCES_PER_ITEM * (start + k)))
+    return SearchBudget(rounds, check_int(max_sequences, "max_sequences", minimum=1))
+
+
+class Mode(NamedTuple):
+    """How far a query goes beyond its head: ``prove`` (search until proven),
+    ``until_certified`` (grow the pull until certified) and the search's budget."""
+
+    prove: bool
+    until_certified: bool
+    budget: SearchBudget
+
+
+def make_mode(prove: Any, until_certified: Any, max_rounds: Any, max_sequences: Any,
+              queries: list[Query]) -> Mode:
+    """The checked :class:`Mode` of a call asking ``queries`` (the budget scales with the widest)."""
+    prove = check_bool(prove, "prove")
+    until_certified = check_bool(until_certified, "until_certified")
+    widest = max(q.start + q.k for q in queries)
+    budget = search_budget(max_rounds, max_sequences, 0, widest)
+    if until_certified and all(q.gap is None for q in queries):
+        raise ValueError("until_certified=True needs an assumed_gap (the certificate is gap-based)")
+    return Mode(prove, until_certified, budget)

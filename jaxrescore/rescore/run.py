@@ -1,0 +1,61 @@
+"""One call of a :class:`~jaxrescore.rescore.rescored_index.RescoredIndex`: pull the widest head
+once, score it in ONE target call, search further when asked (``until_certified`` grows the pull,
+``prove`` completes the frontier's open exits), then decide every query at once.
+
+A proving or growing call searches for its *cover*: the top ``max(start + k)`` under the largest
+gap asked. A proof of the cover proves every slice inside it (each slice's worst score is at
+least the cover's), and a cover certified under the largest gap certifies every query under its
+own; each query is still decided on its own numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrescore.rescore.answer import run_core
+from jaxrescore.rescore.proof import slice_worst
+from jaxrescore.rescore.queries import Mode, Query
+from jaxrescore.rescore.search import first_width, grow_until_certified, prove_search
+
+
+def run_queries(index, queries: list[Query], mode: Mode) -> list:
+    """The results of ``queries`` on ``index`` (a RescoredIndex, whose lock the caller holds)."""
+    draft, budget = index.draft, mode.budget
+    searching = mode.prove or mode.until_certified
+    extent = max(q.extent for q in queries)
+    pull = draft.pull(min(extent, budget.max_sequences) if searching else extent)
+    scored = index.new_scored_set()
+    scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)))
+    gaps = [q.gap for q in queries if q.gap is not None]
+    if not searching:
+        rows = [min(q.extent, len(pull.seqs)) for q in queries]
+        bounds = {r: draft.bound(r, pull) for r, q in zip(rows, queries) if q.gap is not None}
+        return index.answer(queries, scored, rows, bounds)
+    cover = Query(0, max(q.start + q.k for q in queries), 0, max(gaps) if gaps else None)
+    rounds = 1
+    if mode.until_certified:
+        pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, _decider(index, cover))
+    # Everything the draft ranks after the head is bounded by the head's bound, so it bounds
+    # every sequence left unscored however far the search went.
+    head = draft.bound(len(pull.seqs), pull) if gaps else None
+    proofs = None
+    if mode.prove:
+        state = prove_search(scored, 0, cover.k, index.complete, index.draft_scores, budget,
+                             first_width(index.search_width, cover.k), rounds)
+        rounds = state.rounds
+        # One query's slice has the cover's worst rank: the search's last verdict is its own.
+        proofs = [state.proof] if len(queries) == 1 and queries[0].start + queries[0].k == cover.k else None
+    n = len(scored)
+    return index.answer(queries, scored, [n] * len(queries), {n: head}, proofs, rounds)
+
+
+def _decider(index, cover: Query):
+    """``decide(scored, bound) -> (certified, why, worst)``: the core's certificate for the cover
+    over every scored row (a probe: the index's carry is not updated)."""
+
+    def decide(scored, bound):
+        n = len(scored)
+        out, _ = run_core([cover], scored, [n], {n: bound}, index.carry)
+        return int(out.certified[0]), int(out.why[0]), float(slice_worst(out.log_probs[0], out.mask[0], cover.k, np))
+
+    return decide

@@ -1,0 +1,127 @@
+"""Speculation: the draft proposes the paths a proving search asks the target to verify.
+
+:func:`completion_model` picks the model that completes exit prefixes (the draft's, checked where
+it enters, continued by the target past a shorter ``max_len``); :func:`greedy_complete` completes
+a batch of prefixes with it, one model call per step. None of it touches soundness: the target
+scores every speculated sequence and the proof reads only the target's numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from jaxrescore.models.callable import CallableModel
+from jaxrescore.models.checked import ContinuedModel, checked_model
+from jaxrescore.models.decoding import incremental
+from jaxrescore.models.base import Structure
+from jaxrescore.sequences import from_tuples
+
+
+def completion_model(draft_index: Any, draft_model: Any, target: Any):
+    """The model that completes exit prefixes: ``draft_model`` if given, else the draft index's
+    own model when it has the batched protocol (``next_logprobs(prefixes, lengths)``) or the
+    reference library's per-prefix form (wrapped in a CallableModel), else None.
+
+    A model that is not one of this library's is checked where it enters (its protocol
+    attributes now, every row block it returns later; see :mod:`jaxrescore.models.checked`),
+    so a bad ``draft_model`` raises a ValueError naming it here. A model shorter than a target
+    that has ``next_logprobs`` is continued by the target past its ``max_len`` (completions are
+    speculation only: the target scores every one)."""
+    what = "draft_model" if draft_model is not None else "draft_index.model"
+    model = draft_model if draft_model is not None else getattr(draft_index, "model", None)
+    fn = getattr(model, "next_logprobs", None)
+    if model is None or not callable(fn):
+        if draft_model is not None:
+            raise TypeError(
+                f"draft_model must have next_logprobs(prefixes, lengths) (or the per-prefix "
+                f"next_logprobs(prefix)), got {type(draft_model).__name__}"
+            )
+        return None
+    try:
+        arity = len([p for p in inspect.signature(fn).parameters.values() if p.default is p.empty])
+    except (TypeError, ValueError):
+        arity = 2
+    if arity >= 2 and hasattr(model, "vocab_size") and hasattr(model, "max_len"):
+        model = checked_model(model, what)
+    elif arity == 1:
+        max_len = getattr(model, "max_len", None) or getattr(target, "max_len")
+        model = CallableModel(fn, max_len=max_len, eos=getattr(model, "eos", None))
+    else:
+        return None
+    target_len = getattr(target, "max_len", None)
+    if (
+        isinstance(target_len, int)
+        and callable(getattr(target, "next_logprobs", None))
+        and int(model.max_len) < target_len
+    ):
+        model = ContinuedModel(model, target)
+    return model
+
+
+def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1, values=None, floor: float = -np.inf) -> list:
+    """Complete each prefix into a sequence of the target's support by taking the model's likeliest
+    next token (batched over prefixes, one model call per step). With ``branch > 1`` the first
+    step after each prefix forks into the model's ``branch`` likeliest tokens, each then completed
+    greedily (a small best-first: more speculated paths per round). A terminating target's rows
+    end with ``eos`` (forced at ``max_len - 1``), a fixed-length target's at ``max_len`` tokens.
+    A model that decodes incrementally extends every row by one cached token position per step
+    (:mod:`jaxrescore.models.decoding`).
+
+    Speculation stops where it can no longer matter: with ``values`` (float64[P], each prefix's
+    exact target log-prob) and a finite ``floor``, a row of a terminating target whose estimate
+    (its prefix's value plus the model's log-probs of the tokens it added) falls below ``floor``
+    is closed with ``eos`` at once. That sequence is in the support and its forward gives the
+    target's distribution after the last speculated token: the node becomes a live prefix with
+    exact exits instead of a long path far below the answer."""
+    model = incremental(model)
+    eos, max_len = structure.eos, structure.max_len
+    limit = min(max_len, int(getattr(model, "max_len", max_len)))
+    # rows: int32[N, max_len] padded sequences and their lengths, grown one column per step
+    batch = from_tuples(prefixes)
+    lens = batch.lengths.astype(np.int64)
+    rows = np.zeros((batch.size, max(max_len, batch.tokens.shape[1])), np.int32)
+    rows[:, : batch.tokens.shape[1]] = batch.tokens  # padded with 0
+    est = np.zeros(batch.size) if values is None else np.asarray(values, np.float64).reshape(batch.size).copy()
+    first = True
+    while True:
+        alive = lens < max_len
+        if eos is not None:  # a row that ended with eos is complete
+            alive &= ~((lens > 0) & (rows[np.arange(lens.size), np.maximum(lens - 1, 0)] == eos))
+        if eos is not None:  # the last position (or a path below floor): only eos, closing it
+            at_end = alive & ((lens == max_len - 1) | (est < floor))
+            rows[at_end, max_len - 1] = eos
+            lens[at_end] += 1
+            alive &= ~at_end
+        idx = np.flatnonzero(alive)
+        if idx.size == 0:
+            return list(dict.fromkeys(tuple(r[:n].tolist()) for r, n in zip(rows, lens)))
+        if lens[idx].max() >= limit:
+            raise ValueError(
+                f"the completion model (max_len={limit}) cannot extend a prefix to the target's "
+                f"max_len={max_len}; pass draft_model= a model as long as the target"
+            )
+        width = max(1, int(lens[idx].max()))
+        lp = np.asarray(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
+        lp = np.where(np.isnan(lp), -np.inf, lp)
+        if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
+            lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
+        if first and branch > 1:
+            order = np.argsort(-lp, axis=1, kind="stable")[:, :branch]
+            # forks: each alive row's 2nd..branch-th likeliest finite tokens, as new rows at the end
+            j, c = np.nonzero(np.isfinite(np.take_along_axis(lp, order[:, 1:], axis=1)))
+            forks = rows[idx[j]]
+            forks[np.arange(j.size), lens[idx[j]]] = order[j, c + 1]
+            best = order[:, 0]
+        else:
+            j, forks, best = np.zeros(0, np.int64), rows[:0], np.argmax(lp, axis=1)  # first max, as the stable sort
+        rows[idx, lens[idx]] = best
+        fork_lens = lens[idx[j]] + 1
+        fork_est = est[idx[j]] + lp[j, order[j, c + 1]] if j.size else est[:0]
+        est[idx] += lp[np.arange(idx.size), best]
+        lens[idx] += 1
+        rows, lens = np.concatenate([rows, forks]), np.concatenate([lens, fork_lens])
+        est = np.concatenate([est, fork_est])
+        first = False
