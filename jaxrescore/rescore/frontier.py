@@ -188,6 +188,13 @@ class _Ops(NamedTuple):
     cummax0: Any  # running max down axis 0
     seg_max: Any  # (values, segment ids, n) -> per-segment max (-inf / lowest where empty)
     seg_min: Any
+    fori: Any  # (n, body(i, carry) -> carry, carry) -> carry: a loop, one compiled body under JAX
+
+
+def _np_fori(n, body, carry):
+    for i in range(n):
+        carry = body(i, carry)
+    return carry
 
 
 def _np_seg(op, fill):
@@ -205,6 +212,7 @@ _NP = _Ops(
     lambda a: np.maximum.accumulate(a, axis=0),
     _np_seg(np.maximum, -np.inf),
     _np_seg(np.minimum, np.inf),
+    _np_fori,
 )
 
 
@@ -219,6 +227,7 @@ _JAX = _Ops(
     lambda a: jax.lax.cummax(a, axis=0),
     lambda v, ids, n: jax.ops.segment_max(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
     lambda v, ids, n: jax.ops.segment_min(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
+    lambda n, body, carry: jax.lax.fori_loop(0, n, body, carry),
 )
 
 
@@ -229,23 +238,25 @@ def _gap(xp, a, b):
     return xp.where(same, 0.0, xp.abs(xp.where(same, 0.0, a) - xp.where(same, 0.0, b)))
 
 
-def _lex_lower_bound(xp, rows, n_rows, keys):
+def _lex_lower_bound(ops: "_Ops", rows, n_rows, keys):
     """For each key of ``keys: int[R, L]``, the first of the sorted ``rows: int[N, L]`` (the
     first ``n_rows`` count) that is ``>=`` it lexicographically (binary search, fixed steps)."""
+    xp = ops.xp
     n = rows.shape[0]
-    lo = xp.zeros(keys.shape[0], dtype=np.int64)
-    hi = xp.zeros(keys.shape[0], dtype=np.int64) + n_rows
-    for _ in range(max(1, int(math.ceil(math.log2(n + 1))) + 1)):
+
+    def step(_, bounds):
+        lo, hi = bounds
         mid = (lo + hi) // 2
         row = rows[xp.clip(mid, 0, n - 1)]
         diff = row != keys
-        first = xp.argmax(diff, axis=1)
-        less = xp.any(diff, axis=1) & (xp.take_along_axis(row, first[:, None], axis=1)[:, 0]
-                                      < xp.take_along_axis(keys, first[:, None], axis=1)[:, 0])
+        first = xp.argmax(diff, axis=1)[:, None]
+        less = xp.any(diff, axis=1) & (xp.take_along_axis(row, first, axis=1)[:, 0]
+                                      < xp.take_along_axis(keys, first, axis=1)[:, 0])
         active = lo < hi
-        lo = xp.where(active & less, mid + 1, lo)
-        hi = xp.where(active & ~less, mid, hi)
-    return lo
+        return xp.where(active & less, mid + 1, lo), xp.where(active & ~less, mid, hi)
+
+    start = (xp.zeros(keys.shape[0], dtype=np.int64), xp.zeros(keys.shape[0], dtype=np.int64) + n_rows)
+    return ops.fori(max(1, int(math.ceil(math.log2(n + 1))) + 1), step, start)[0]
 
 
 def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP):
@@ -309,7 +320,7 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     rp = s.row_prefixes.astype(np.int64)
     rl = s.row_lengths.astype(np.int64)
     n_valid = xp.sum(valid.astype(np.int64))
-    at = _lex_lower_bound(xp, srt, n_valid, rp)
+    at = _lex_lower_bound(ops, srt, n_valid, rp)
     c = xp.clip(at, 0, n - 1)
     cols = xp.arange(width)[None, :]
     match = (rl >= 0) & (at < n_valid) & (sl[c] >= rl) & xp.all((srt[c] == rp) | (cols >= rl[:, None]), axis=1)

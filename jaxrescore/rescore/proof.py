@@ -8,27 +8,27 @@ exit is left: the rows are the target's whole support).
 
 :func:`check_proof` decides one slice on the host (a search's stop test, with the exits it opens
 next); :func:`proof_verdict` is the same decision as a pure function of arrays, and
-:func:`check_proofs` decides many queries of one scored set in ONE jitted, vmapped call (a sweep,
-``rescore_many``).
+:func:`check_proofs` decides many queries of one scored set at once (a sweep: one frontier per
+distinct row count). The frontier itself is one fixed-shape function: the host runs it with numpy
+(no compile), and :func:`~jaxrescore.rescore.frontier.frontier_bound` is the same function under
+``jax.jit``, to ``vmap`` over queries or scored sets inside a user's own jitted code.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrescore.rescore.frontier import (
     Frontier,
     ScoredArrays,
+    check_assumptions,
     clears,
     frontier,
-    frontier_bound,
+    frontier_values,
     structure_numbers,
-    check_assumptions,
 )
 from jaxrescore.sequences import bucket_size
 
@@ -107,18 +107,6 @@ def check_proof(scored, n: int, start: int, k: int) -> tuple[Proof, Frontier | N
     return explain(proven, front.bound, front.moved, worst, n, start, k, scored.tolerance), front
 
 
-# Minimum padded shapes of the jitted proof check: every new shape compiles it (about a second on
-# CPU), so generous buckets make most sweeps share one compile.
-MIN_PROOF_ROWS = 256
-MIN_PROOF_WIDTH = 8
-MIN_PROOF_QUERIES = 4
-
-
-@partial(jax.jit, static_argnames=())
-def _bounds(s: ScoredArrays, valid, vocab, eos, max_len):
-    return jax.vmap(frontier_bound, in_axes=(None, 0, None, None, None))(s, valid, vocab, eos, max_len)
-
-
 def padded(s: ScoredArrays, rows: int, width: int) -> ScoredArrays:
     """``s`` padded on the host to ``rows`` sequences and ``width`` positions (and a power of two
     of fetched rows and of their width), so one compiled proof check serves many scored sets."""
@@ -143,25 +131,21 @@ def padded(s: ScoredArrays, rows: int, width: int) -> ScoredArrays:
 
 def frontier_bounds(scored, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """``(bound float64[Q], moved float64[Q])``: the frontier of the first ``rows[q]`` sequences of
-    ``scored`` for every ``q``, in ONE jitted call vmapped over the distinct row counts."""
+    ``scored`` for every ``q``, computed once per distinct row count (a proving sweep: once)."""
     s = scored.arrays()
     check_assumptions(s, scored.structure)
-    distinct = sorted(set(rows))
-    n, length = s.tokens.shape
-    p = padded(s, bucket_size(max(n, 1), MIN_PROOF_ROWS), bucket_size(length, MIN_PROOF_WIDTH))
-    valid = np.zeros((bucket_size(len(distinct), MIN_PROOF_QUERIES), p.tokens.shape[0]), bool)
-    for i, r in enumerate(distinct):
-        valid[i, :r] = True
-    with jax.enable_x64(True):
-        bound, moved = jax.device_get(_bounds(p, valid, *structure_numbers(scored.structure)))
-    at = {r: i for i, r in enumerate(distinct)}
-    return np.array([bound[at[r]] for r in rows], np.float64), np.array([moved[at[r]] for r in rows], np.float64)
+    numbers = structure_numbers(scored.structure)
+    at = {}
+    for r in sorted(set(rows)):
+        valid = np.arange(s.tokens.shape[0]) < r
+        at[r] = frontier_values(s, valid, *numbers)[:2] if s.tokens.shape[0] else (0.0, 0.0)
+    return np.array([at[r][0] for r in rows], np.float64), np.array([at[r][1] for r in rows], np.float64)
 
 
 def check_proofs(scored, rows: list[int], starts: list[int], ks: list[int], worsts: list[float]) -> list[Proof]:
     """The verdicts of many slices of one scored set (query ``q``: ``[starts[q], starts[q] +
-    ks[q])`` of the first ``rows[q]`` sequences, whose worst score is ``worsts[q]``) from ONE
-    jitted frontier call (see :func:`frontier_bounds`)."""
+    ks[q])`` of the first ``rows[q]`` sequences, whose worst score is ``worsts[q]``), decided
+    together by :func:`proof_verdict` over the frontiers of :func:`frontier_bounds`."""
     if not scored.proves:
         return [NO_DISTRIBUTIONS] * len(rows)
     bounds, moved = frontier_bounds(scored, rows)
