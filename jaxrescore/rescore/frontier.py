@@ -154,10 +154,12 @@ class ExitValues(NamedTuple):
       perm: int[N], sorted position -> scored row.
       node: int[N, L + 1], the trie node of each sorted row's prefix of each depth (-1: none).
       lengths: int[N], each sorted row's length (-1: not a row of the query).
-      top: float64[N, L, m], the top-m named exits of the node at each (sorted row, depth), read at
-        the node's first occurrence; ``top_ids`` the tokens.
-      rest: float64[N, L], the exit standing for every token outside the top-m.
-      eos: float64[N, L], the eos exit of a node one short of ``max_len``.
+      at_row, at_depth: int[K], the (sorted row, depth) where each node with a distribution has
+        its exits read (its first occurrence with one; under JAX every position, K = N * L, the
+        others holding -inf).
+      top: float64[K, m], the top-m named exits there; ``top_ids`` int[K, m] their tokens.
+      rest: float64[K], the exit standing for every token outside the top-m.
+      eos: float64[K], the eos exit of a node one short of ``max_len``.
       blind: float64[N], a live leaf without any distribution: bounded by its own score.
       complete: float64[N], a whole support sequence the target scored only inside a longer one.
       rows: float64[R, V], exact exits of nodes whose full row was fetched.
@@ -168,6 +170,8 @@ class ExitValues(NamedTuple):
     perm: Any
     node: Any
     lengths: Any
+    at_row: Any
+    at_depth: Any
     top: Any
     top_ids: Any
     rest: Any
@@ -189,6 +193,7 @@ class _Ops(NamedTuple):
     seg_max: Any  # (values, segment ids, n) -> per-segment max (-inf / lowest where empty)
     seg_min: Any
     fori: Any  # (n, body(i, carry) -> carry, carry) -> carry: a loop, one compiled body under JAX
+    where_true: Any  # bool[N, L] -> (rows, depths, ok): the True cells (numpy), or every cell and the mask
 
 
 def _np_fori(n, body, carry):
@@ -213,6 +218,7 @@ _NP = _Ops(
     _np_seg(np.maximum, -np.inf),
     _np_seg(np.minimum, np.inf),
     _np_fori,
+    lambda mask: (*np.nonzero(mask), np.ones(int(mask.sum()), bool)),
 )
 
 
@@ -228,6 +234,8 @@ _JAX = _Ops(
     lambda v, ids, n: jax.ops.segment_max(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
     lambda v, ids, n: jax.ops.segment_min(v.ravel(), ids.ravel(), num_segments=n + 1)[:n],
     lambda n, body, carry: jax.lax.fori_loop(0, n, body, carry),
+    lambda mask: (jnp.repeat(jnp.arange(mask.shape[0]), mask.shape[1]), jnp.tile(jnp.arange(mask.shape[1]), mask.shape[0]),
+                  mask.reshape(-1)),
 )
 
 
@@ -295,10 +303,10 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     dist = depth[None, :width] < sl[:, None]  # positions with a distribution
     dnode = node[:, :width]
     dseg = xp.where(dist, dnode, size)
-    top_lps = s.top_lps[perm][:, :width].astype(np.float64)
+    top_lps = s.top_lps[perm][:, :width]  # float32: read as float64 where exits are built
     top_ids = s.top_ids[perm][:, :width].astype(np.int64)
     eos_lps = s.eos_lps[perm][:, :width].astype(np.float64)
-    top_max = xp.max(top_lps, axis=2)
+    top_max = xp.max(top_lps, axis=2).astype(np.float64)
     best_top = ops.seg_max(top_max, dseg, size)
     for values in (top_max, eos_lps):
         hi, lo = ops.seg_max(values, dseg, size), ops.seg_min(values, dseg, size)
@@ -342,15 +350,18 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     # before those with a distribution: the first of the latter is where its exits are read
     after = xp.concatenate([xp.zeros((1, width), bool), dist[:-1] & (dnode[:-1] == dnode[1:])], axis=0)
     first = dist & ~after & ~fetched[dnode]
-    last = (eos >= 0) & (depth[:width] == max_len - 1)
-    nscore = score[dnode]
-    named = first[..., None] & ~is_child(dnode[..., None] + 0 * top_ids, top_ids) & xp.isfinite(top_lps) & ~last[None, :, None]
-    top = xp.where(named, nscore[..., None] + top_lps, -inf)
-    floor_m = xp.min(top_lps, axis=2)
+    at_row, at_depth, ok = ops.where_true(first)
+    at_node = dnode[at_row, at_depth]
+    nscore, vals, toks = score[at_node], top_lps[at_row, at_depth].astype(np.float64), top_ids[at_row, at_depth]
+    last = (eos >= 0) & (at_depth == max_len - 1)
+    named = ok[:, None] & ~is_child(at_node[:, None] + 0 * toks, toks) & xp.isfinite(vals) & ~last[:, None]
+    top = xp.where(named, nscore[:, None] + vals, -inf)
+    floor_m = xp.min(vals, axis=1)
     has_rest = (vocab < 0) | (m < vocab)
-    rest = xp.where(first & ~last[None, :] & xp.isfinite(floor_m) & has_rest, nscore + floor_m, -inf)
-    eos_open = first & last[None, :] & xp.isfinite(eos_lps) & ~is_child(dnode, xp.zeros_like(dnode) + eos)
-    eos_exit = xp.where(eos_open, nscore + eos_lps, -inf)
+    rest = xp.where(ok & ~last & xp.isfinite(floor_m) & has_rest, nscore + floor_m, -inf)
+    eos_lp = eos_lps[at_row, at_depth]
+    eos_open = ok & last & xp.isfinite(eos_lp) & ~is_child(at_node, xp.zeros_like(at_node) + eos)
+    eos_exit = xp.where(eos_open, nscore + eos_lp, -inf)
     # -- leaves: live ones without a distribution, complete ones never scored as themselves
     row_ids = xp.arange(n)
     leaf = node[row_ids, xp.clip(sl, 0, width)]
@@ -366,7 +377,8 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     root_row = (rl == 0)[:, None] & xp.isfinite(rows_v) & ((max_len != 1) | (eos < 0) | (t == eos))
     root = xp.where(xp.any(rl == 0), xp.max(xp.where(root_row, rows_v, -inf), initial=-inf), 0.0)
     root = xp.where(n_valid == 0, root, -inf)
-    exits = ExitValues(perm, node, sl, top, top_ids, rest, eos_exit, blind, complete_exit, rows_exit, row_node, c, rl)
+    exits = ExitValues(perm, node, sl, at_row, at_depth, top, toks, rest, eos_exit, blind, complete_exit, rows_exit, row_node, c,
+                       rl)
     bound = root
     for part in (top, rest, eos_exit, blind, complete_exit, rows_exit):
         bound = xp.maximum(bound, xp.max(part, initial=-inf))
@@ -416,11 +428,12 @@ def exit_list(v: ExitValues, structure: Structure) -> Exits:
     """Every exit of ``v`` (host arrays) as ``(scored row, depth, token, value)``, one per (node,
     token): the prefix is the scored row's first ``depth`` tokens."""
     parts = []  # (sorted row, depth, token, node, value)
-    i, d, j = np.nonzero(v.top > -np.inf)
-    parts.append((i, d, v.top_ids[i, d, j], v.node[i, d], v.top[i, d, j]))
+    node = v.node[v.at_row, v.at_depth]
+    k, j = np.nonzero(v.top > -np.inf)
+    parts.append((v.at_row[k], v.at_depth[k], v.top_ids[k, j], node[k], v.top[k, j]))
     for values, token in ((v.rest, REST), (v.eos, structure.eos)):
-        i, d = np.nonzero(values > -np.inf)
-        parts.append((i, d, np.full(i.size, token, np.int64), v.node[i, d], values[i, d]))
+        k = np.flatnonzero(values > -np.inf)
+        parts.append((v.at_row[k], v.at_depth[k], np.full(k.size, token, np.int64), node[k], values[k]))
     for values, token in ((v.blind, REST), (v.complete, COMPLETE)):
         i = np.flatnonzero(values > -np.inf)
         parts.append((i, v.lengths[i], np.full(i.size, token, np.int64), v.node[i, v.lengths[i]], values[i]))

@@ -137,8 +137,8 @@ def frontier_bounds(scored, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     numbers = structure_numbers(scored.structure)
     at = {}
     for r in sorted(set(rows)):
-        valid = np.arange(s.tokens.shape[0]) < r
-        at[r] = frontier_values(s, valid, *numbers)[:2] if s.tokens.shape[0] else (0.0, 0.0)
+        head = scored.arrays(r)  # the query's own rows: work follows them, not the widest pull
+        at[r] = frontier_values(head, np.ones(r, bool), *numbers)[:2] if r else frontier(head, scored.structure)[::2]
     return np.array([at[r][0] for r in rows], np.float64), np.array([at[r][1] for r in rows], np.float64)
 
 
