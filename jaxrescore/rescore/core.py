@@ -130,7 +130,8 @@ def _clears(worst, bound, assumed_gap, tolerance):
     return worst - (bound + assumed_gap) >= margin + tolerance
 
 
-def update_carry(carry: GapCarry, target_lps, draft_lps, valid, calls=1, sequences=None) -> GapCarry:
+def update_carry(carry: GapCarry, target_lps: ArrayLike, draft_lps: ArrayLike, valid: ArrayLike, calls: ArrayLike = 1,
+                 sequences: ArrayLike | None = None) -> GapCarry:
     """The carry after rescoring the valid rows of one batch: every row with a finite target
     score and a known (non-NaN) draft score is evidence, ``+inf`` excess where the draft rules
     the sequence out. The batch took ``calls`` target calls (1: one teacher-forcing call) that

@@ -16,7 +16,7 @@ distinct row count). The frontier itself is one fixed-shape function: the host r
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +31,7 @@ from jaxrescore.rescore.frontier import (
     structure_numbers,
 )
 from jaxrescore.sequences import bucket_size
+from jaxrescore.typing import ArrayLike
 
 
 class Proof(NamedTuple):
@@ -62,13 +63,14 @@ def open_floor(worst: float, tolerance: float) -> float:
     return worst - tolerance - 1e-9 * (1.0 + abs(worst) + tolerance)
 
 
-def proof_verdict(worst, start, bound, moved, tolerance, xp=jnp):
+def proof_verdict(worst: ArrayLike, start: ArrayLike, bound: ArrayLike, moved: ArrayLike, tolerance: ArrayLike,
+                  xp: Any = jnp) -> ArrayLike:
     """The verdict as arrays (jit- and vmap-safe with ``xp=jax.numpy``): bool, see the module
     docstring. ``worst`` is the slice's worst target score, ``-inf`` when it holds fewer than k."""
     return (start >= 0) & (moved <= tolerance) & clears(worst, bound, tolerance, xp)
 
 
-def slice_worst(log_probs, mask, k, xp=jnp):
+def slice_worst(log_probs: ArrayLike, mask: ArrayLike, k: ArrayLike, xp: Any = jnp) -> ArrayLike:
     """The worst score of a core output's slice (``log_probs``, ``mask``: float[k_max],
     bool[k_max]), ``-inf`` when it holds fewer than ``k`` items (pure with ``xp=jax.numpy``)."""
     full = xp.sum(mask) >= k

@@ -22,6 +22,7 @@ from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.answer import decide_proofs, results, run_core
 from jaxrescore.rescore.core import GapCarry
 from jaxrescore.rescore.draft import DraftView
+from jaxrescore.rescore.proof import Proof
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, make_mode, make_query, require_gap
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.run import run_queries
@@ -187,8 +188,8 @@ class RescoredIndex:
         """An empty :class:`ScoredSet` for this index's target."""
         return ScoredSet(self.target, self._score, self.top_m, self.draft_scores)
 
-    def answer(self, queries: list[Query], scored: ScoredSet, rows: list[int], bounds: dict, proofs=None,
-               rounds: int = 1) -> list[RescoreResult]:
+    def answer(self, queries: list[Query], scored: ScoredSet, rows: list[int], bounds: dict,
+               proofs: list[Proof] | None = None, rounds: int = 1) -> list[RescoreResult]:
         """Decide ``queries`` over ``scored`` (query ``i`` covers its first ``rows[i]`` rows) and
         store the carry the core returns; a failing decision leaves the index unchanged."""
         out, carry = run_core(queries, scored, rows, bounds, self._carry)
@@ -198,7 +199,7 @@ class RescoredIndex:
         self._positions += scored.positions
         return results(queries, out, scored, rows, bounds, proofs, rounds, self._texts)
 
-    def complete(self, prefixes: list, values=None, floor: float = -math.inf) -> list:
+    def complete(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> list:
         """Speculated completions of exit prefixes (draft greedy; the target when no draft
         model), each stopped where its estimate falls below ``floor`` (see greedy_complete)."""
         model = self.draft_model if self.draft_model is not None else self.target

@@ -13,7 +13,7 @@ Each round (see DESIGN.md §4b):
    path of a terminating target stops where its estimate (the exit's exact value plus the draft's
    log-probs after it) falls below the current worst answer: it is closed with ``eos``, so its
    forward still gives the target's distribution after its last token and the node becomes a
-   live prefix with exact exits (see :func:`greedy_complete`);
+   live prefix with exact exits (see :func:`~jaxrescore.rescore.speculate.greedy_complete`);
 4. the target scores only the new sequences in ONE batched teacher-forcing call, which verifies
    every position of every speculated path at once (speculative decoding's trick, applied to
    exact search), and the loop repeats.
@@ -64,7 +64,7 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
       start, k: the slice ``[start, start + k)`` to prove.
       complete: ``complete(prefixes, values, floor) -> sequences``, the speculated completions of
         exit prefixes (``values``: their exact target log-probs; a path whose estimate falls
-        below ``floor``, the current worst answer, may stop early, see :func:`greedy_complete`).
+        below ``floor``, the current worst answer, may stop early, see :func:`~jaxrescore.rescore.speculate.greedy_complete`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
       width: exits this round may open (see :func:`first_width`).
     """
