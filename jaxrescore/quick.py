@@ -29,6 +29,7 @@ def top_k(
     *,
     prompt: Any = None,
     prove: bool = True,
+    until_certified: bool = False,
     rerank_window: int = 64,
     assumed_gap: float | None = None,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
@@ -47,6 +48,8 @@ def top_k(
         a tokenizer, see :mod:`jaxrescore.models.text`), or a list of prompts — then a list of
         results, one per prompt, scored together in one target call per round.
       prove: run the speculative exact search until the answer is proven (``result.proven``).
+      until_certified: grow each draft pull until the gap certificate holds (needs
+        ``assumed_gap``), as in :meth:`~jaxrescore.rescore.RescoredIndex.top_k`.
       rerank_window, assumed_gap, top_m: as in :class:`~jaxrescore.rescore.RescoredIndex`.
       max_rounds, max_sequences: the search's budgets, as in
         :meth:`~jaxrescore.rescore.RescoredIndex.top_k` (per prompt).
@@ -74,9 +77,10 @@ def top_k(
         d, t = (draft, target) if p is None else (draft.with_prompt(p), target.with_prompt(p))
         index = d if callable(getattr(d, "unrank", None)) else SeekIndex(d, **options)
         indexes.append(RescoredIndex(index, t, rerank_window=rerank_window, assumed_gap=assumed_gap, top_m=top_m))
+    search = dict(prove=prove, until_certified=until_certified, max_rounds=max_rounds, max_sequences=max_sequences)
     if not many:
-        return indexes[0].top_k(k, prove=prove, max_rounds=max_rounds, max_sequences=max_sequences)
-    return rescore_many(indexes, k, prove=prove, max_rounds=max_rounds, max_sequences=max_sequences)
+        return indexes[0].top_k(k, **search)
+    return rescore_many(indexes, k, **search)
 
 
 def _prompts(target: Any, prompt: Any) -> tuple[list, bool]:

@@ -84,3 +84,30 @@ def test_rejects_unrelated_targets(models):
         rescore_many(idx, 2)
     with pytest.raises(ValueError, match="non-empty"):
         rescore_many([], 2)
+
+
+def test_rescore_many_takes_the_query_keywords_of_slice():
+    """``start`` and ``until_certified`` mean what they mean in ``slice``: each index's result
+    equals its own query asked alone (same items, same verdicts)."""
+    import jaxrescore.rescore as rs
+    from brute import TableModel, as_model
+    from jaxrescore import RescoredIndex, SeekIndex
+
+    target = TableModel(4, 4, 21, eos=0, temperature=2.0)
+    drafts = [TableModel(4, 4, s, eos=0, base=target, noise=0.3) for s in (5, 6)]
+
+    t_model = as_model(target)
+
+    def indexes():
+        return [RescoredIndex(SeekIndex(as_model(d)), t_model, rerank_window=2, assumed_gap=1.0) for d in drafts]
+
+    for kw in (dict(start=2, prove=True), dict(start=1, until_certified=True)):
+        joint = rs.rescore_many(indexes(), 3, **kw)
+        assert all(r.proven for r in joint) or not kw.get("prove")
+        start = kw.pop("start")
+        alone = [ri.slice(start, 3, **kw) for ri in indexes()]
+        for a, b in zip(joint, alone):
+            assert [s for s, _ in a.items] == [s for s, _ in b.items]
+            assert (a.proven, a.certified) == (b.proven, b.certified)
+    with pytest.raises(ValueError, match="until_certified=True needs an assumed_gap"):
+        rs.rescore_many([RescoredIndex(SeekIndex(as_model(drafts[0])), t_model)], 2, until_certified=True)

@@ -6,13 +6,13 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxrescore._checks import check_int
 from jaxrescore.models.scores import FrontierScores
-from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, SearchBudget, make_mode, make_query
+from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, SearchBudget, make_mode, make_query
 from jaxrescore.rescore.rescored_index import RescoredIndex
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, frontier_scores
-from jaxrescore.rescore.search import SearchState, first_width, next_round
+from jaxrescore.rescore.run import certificate_probe
+from jaxrescore.rescore.search import SearchState, first_width, grow_until_certified, next_round
 from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
@@ -65,53 +65,66 @@ def rescore_many(
     indexes: Sequence[RescoredIndex],
     k: int,
     *,
+    start: int = 0,
     prove: bool = False,
+    until_certified: bool = False,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
     max_sequences: int | None = None,
 ) -> list[RescoreResult]:
-    """``[ri.top_k(k, prove=prove) for ri in indexes]`` with ONE batched target call per round for
-    all of them.
+    """``[ri.slice(start, k, prove=prove, ...) for ri in indexes]`` with ONE batched target call
+    per round for all of them.
 
-    Each index pulls its own ``k + rerank_window`` head and keeps its own window, gap and carry; the
-    candidates of all indexes are scored together, and with targets that give next-token
+    Each index pulls its own ``start + k + rerank_window`` head and keeps its own window, gap and
+    carry; the candidates of all indexes are scored together, and with targets that give next-token
     distributions every result carries its own ``proven`` verdict from that same call. With
     ``prove`` the speculative exact search runs for every index at once: each round, every index
-    not yet proven adds its own completions and ONE call scores them all. Every index's
-    ``target_calls`` counts the calls it took part in.
+    not yet proven adds its own completions and ONE call scores them all. ``until_certified`` grows
+    each index's pull until its certificate holds (each growth is that index's own call). Every
+    index's ``target_calls`` counts the calls it took part in.
 
     Args:
       indexes: RescoredIndex objects sharing a target, or whose targets are prompts of one base.
       k: the number of items per index, an integer >= 1.
-      prove, max_rounds, max_sequences: as in :meth:`RescoredIndex.top_k` (budgets per index).
+      start, prove, until_certified, max_rounds, max_sequences: as in
+        :meth:`RescoredIndex.slice` (budgets per index).
     """
     indexes = list(indexes)
     if not indexes or not all(isinstance(ri, RescoredIndex) for ri in indexes):
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
-    k = check_int(k, "k", minimum=1)
-    queries = [[make_query(0, k, ri.rerank_window, ri.assumed_gap)] for ri in indexes]
-    mode = make_mode(prove, False, max_rounds, max_sequences, queries[0])
-    pulls = [ri.draft.pull(q[0].extent) for ri, q in zip(indexes, queries)]
+    queries = [make_query(start, k, ri.rerank_window, ri.assumed_gap) for ri in indexes]
+    mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries)
+    searching = mode.prove or mode.until_certified
+    pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences) if searching else q.extent)
+             for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [pull.seqs for pull in pulls]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None)] * len(parts)
     for s, pull, scored in zip(sets, pulls, results):
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = 1 if any(parts) else 0
-    states = _search_jointly(indexes, sets, k, mode.budget) if mode.prove else [None] * len(indexes)
+    covers = [Query(0, q.start + q.k, 0, q.gap) for q in queries]
+    rounds = [1] * len(indexes)
+    if mode.until_certified:
+        for i, (ri, cover) in enumerate(zip(indexes, covers)):
+            if cover.gap is not None:
+                pulls[i], rounds[i] = grow_until_certified(cover, ri.draft, pulls[i], sets[i], mode.budget,
+                                                           certificate_probe(ri, cover))
+    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds) if mode.prove else None
     out = []
-    for ri, q, pull, s, state in zip(indexes, queries, pulls, sets, states):
-        n = len(s)
-        rows = [n] if state is not None else [min(q[0].extent, len(pull.seqs))]
-        bounds = {} if q[0].gap is None else {rows[0]: ri.draft.bound(len(pull.seqs), pull)}
-        proofs = None if state is None else [state.proof]
-        out.append(ri.answer(q, s, rows, bounds, proofs, 1 if state is None else state.rounds)[0])
+    for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
+        rows = [len(s)] if searching else [min(q.extent, len(pull.seqs))]
+        bounds = {} if q.gap is None else {rows[0]: ri.draft.bound(len(pull.seqs), pull)}
+        # the search's verdict is on the cover, whose worst rank is this slice's own
+        proofs = None if states is None else [states[i].proof]
+        out.append(ri.answer([q], s, rows, bounds, proofs, rounds[i] if states is None else states[i].rounds)[0])
     return out
 
 
-def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget) -> list[SearchState]:
-    """The speculative exact search for every index at once: per round, each unproven index's new
-    sequences, scored together in ONE call. Returns each index's final search state."""
-    states = [SearchState(None, 1, first_width(ri.search_width, k)) for ri in indexes]
+def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int]) -> list[SearchState]:
+    """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
+    rounds each has made): per round, each unproven index's new sequences, scored together in ONE
+    call. Returns each index's final search state."""
+    states = [SearchState(None, r, first_width(ri.search_width, k)) for ri, r in zip(indexes, rounds)]
     while True:
         new = {}
         for i, (ri, state) in enumerate(zip(indexes, states)):

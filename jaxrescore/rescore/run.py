@@ -34,7 +34,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     cover = Query(0, max(q.start + q.k for q in queries), 0, max(gaps) if gaps else None)
     rounds = 1
     if mode.until_certified:
-        pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, _decider(index, cover))
+        pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, certificate_probe(index, cover))
     # Everything the draft ranks after the head is bounded by the head's bound, so it bounds
     # every sequence left unscored however far the search went.
     head = draft.bound(len(pull.seqs), pull) if gaps else None
@@ -49,7 +49,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     return index.answer(queries, scored, [n] * len(queries), {n: head}, proofs, rounds)
 
 
-def _decider(index, cover: Query):
+def certificate_probe(index, cover: Query):
     """``decide(scored, bound) -> (certified, why, worst)``: the core's certificate for the cover
     over every scored row (a probe: the index's carry is not updated)."""
 
