@@ -1,6 +1,8 @@
 """Incremental decoding (key/value caches): cached rows equal full forwards to float32 noise, and
 level-by-level callers pay one token position per prefix whose parent's cache is held."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +60,11 @@ def test_mixed_lengths_prefill_and_eviction():
     lens = rng.integers(0, 10, size=40).astype(np.int32)
     for max_bytes in (0, 1 << 14, None):  # nothing held, a few slabs held, the default
         s = decoding_session(m, max_bytes=max_bytes)
-        np.testing.assert_allclose(s.next_logprobs(pre, lens), m.next_logprobs(pre, lens), atol=ATOL)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            np.testing.assert_allclose(s.next_logprobs(pre, lens), m.next_logprobs(pre, lens), atol=ATOL)
+        # a budget too small for one call's caches says so; none (0) and the default do not
+        assert len(caught) == (max_bytes == 1 << 14)
         child = np.concatenate([pre, rng.integers(1, 6, size=(40, 1)).astype(np.int32)], axis=1)
         clens = np.minimum(lens + 1, 10).astype(np.int32)
         np.testing.assert_allclose(s.next_logprobs(child, clens), m.next_logprobs(child, clens), atol=ATOL)
@@ -196,3 +202,89 @@ def test_best_first_and_greedy_completion_over_cached_rows():
     structure = Structure(vocab_size=m.vocab_size, eos=m.eos, max_len=m.max_len)
     prefixes = [(1,), (2, 3), (4, 4, 1), ()]
     assert greedy_complete(m, prefixes, structure, branch=2) == greedy_complete(rows_only(m), prefixes, structure, branch=2)
+
+
+# ---- caches sized by what a row adds; a budget too small says so once; prefill in one call ------
+
+
+def test_row_cache_bytes_follow_the_row_not_the_context():
+    """A row holds keys and values of its OWN positions (a power of two >= 8): the same bytes at
+    max_len 16 and 512 and under a 300-token prompt (held once, on the prompted model)."""
+    held = []
+    for max_len, prompt in ((16, ()), (512, ()), (512, tuple(range(1, 6)) * 60)):
+        m = tiny(max_len=max_len, vocab_size=6, d_model=16)
+        model = m.with_prompt(prompt) if prompt else m
+        s = decoding_session(model)
+        paths = np.random.default_rng(7).integers(1, 6, size=(5, 3)).astype(np.int32)
+        for d in (1, 2, 3):
+            s.next_logprobs(paths[:, :d], np.full(5, d, np.int32))
+        assert s.held_rows == 15  # the padding rows of each call are not held
+        held.append(s.bytes_per_row)
+    # 2 (keys, values) x 2 layers x 8 positions x d_model 16 x 4 bytes
+    assert held == [2 * 2 * 8 * 16 * 4] * 3
+
+
+def test_a_budget_too_small_for_one_call_warns_once():
+    m = tiny()
+    s = decoding_session(m, max_bytes=4096)
+    paths = np.random.default_rng(8).integers(1, 6, size=(20, 5)).astype(np.int32)
+    with pytest.warns(UserWarning, match=r"need [\d,]+ bytes .* max_bytes=4,096") as caught:
+        for d in range(1, 6):
+            rows = s.next_logprobs(paths[:, :d], np.full(20, d, np.int32))
+            np.testing.assert_allclose(rows, m.next_logprobs(paths[:, :d], np.full(20, d, np.int32)), atol=ATOL)
+    assert len([w for w in caught if "DecodingSession" in str(w.message)]) == 1
+    assert s.extended == 0 and s.nbytes <= 4096
+
+
+def test_default_budget_env_variable(monkeypatch):
+    from jaxrescore.models.decoding import CACHE_BYTES_ENV, default_cache_bytes
+
+    monkeypatch.setenv(CACHE_BYTES_ENV, "12345")
+    assert decoding_session(tiny()).max_bytes == default_cache_bytes() == 12345
+    monkeypatch.setenv(CACHE_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match=CACHE_BYTES_ENV):
+        default_cache_bytes()
+
+
+def test_rows_continue_from_a_held_ancestor_in_one_call():
+    """Teacher forcing from a cached prefix: rows whose parent is not held but an ancestor is run
+    their remaining tokens in one call on top of it, equal to the full forward and to the
+    level-by-level rows."""
+    m = tiny(max_len=20)
+    rng = np.random.default_rng(9)
+    paths = rng.integers(1, 6, size=(12, 9)).astype(np.int32)
+    s = decoding_session(m)
+    s.next_logprobs(paths[:, :2], np.full(12, 2, np.int32))
+    lens = rng.integers(3, 10, size=12).astype(np.int32)
+    calls, positions = s.calls, s.positions
+    np.testing.assert_allclose(s.next_logprobs(paths, lens), m.next_logprobs(paths, lens), atol=ATOL)
+    assert s.calls == calls + 1 and s.extended == 12
+    assert s.positions - positions == int((lens - 2).sum())
+    step_by_step = decoding_session(m)
+    for d in range(1, 10):
+        step_by_step.next_logprobs(paths[:, :d], np.full(12, d, np.int32))
+    np.testing.assert_allclose(step_by_step.next_logprobs(paths, lens), s.next_logprobs(paths, lens), atol=ATOL)
+
+
+def test_a_step_model_prefills_a_prompt_in_one_call(monkeypatch):
+    """A from_apply_fn step runs a W-token prefill as a scan inside ONE compiled call (a prompt
+    used to cost a call per token); its rows equal the step-by-step session's and the full
+    forward's."""
+    from jaxrescore.models import decoding
+
+    m = from_apply_fn(mean_apply, mean_params(), vocab_size=V, bos_id=V, max_len=64, eos=0,
+                      init_cache=mean_init_cache, step=mean_step)
+    prompt = tuple(int(t) for t in np.random.default_rng(10).integers(1, V, size=40))
+    pm = m.with_prompt(prompt)
+    calls = []
+    real = decoding._decode
+    monkeypatch.setattr(decoding, "_decode", lambda *a: calls.append(a[2].shape) or real(*a))
+    pre = np.random.default_rng(11).integers(1, V, size=(6, 7)).astype(np.int32)
+    lens = np.array([0, 1, 3, 5, 7, 7], np.int32)
+    full = np.concatenate([np.tile(prompt, (6, 1)), pre], axis=1).astype(np.int32)
+    np.testing.assert_allclose(pm.next_logprobs(pre, lens), m.next_logprobs(full, lens + 40), atol=ATOL)
+    assert calls == [(1, 64), (32, 8)]  # the prompt in one call, then every row in one call
+    s = decoding_session(pm)
+    for d in range(1, 8):
+        s.next_logprobs(pre[:, :d], np.full(6, d, np.int32))
+    np.testing.assert_allclose(s.next_logprobs(pre, lens), pm.next_logprobs(pre, lens), atol=ATOL)

@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 from jaxrescore.models.apply_fn import ApplyFnLM, from_apply_fn
 from jaxrescore.models.base import check_int
 from jaxrescore.models.int8 import DequantizedApply, DequantizedStep
+from jaxrescore.models.linen_decode import decode_module_of, linen_cache_pair
 from jaxrescore.typing import PyTree
 
 __all__ = ["from_equinox", "from_linen", "from_nnx"]
@@ -358,6 +359,7 @@ def from_linen(
     apply_kwargs: Mapping[str, Any] | None = None,
     init_cache: Callable[[int, int], PyTree] | None = None,
     step: Callable[..., tuple[jax.Array, PyTree]] | None = None,
+    decode_module: nn.Module | bool | None = None,
 ) -> ApplyFnLM:
     """A flax.linen language model as an enumerable, trainable :class:`~jaxrescore.models.ApplyFnLM`.
 
@@ -388,6 +390,11 @@ def from_linen(
         except that ``step`` receives the variables dict (``{"params": params, ...}``, the other
         collections included) in place of ``params``:
         ``step(variables, cache, tokens int32[B, 1], positions int32[B]) -> (logits[B, 1, V], cache)``.
+      decode_module: the model in decode mode, for a module whose attention uses flax's own cache
+        (``nn.MultiHeadDotProductAttention(decode=True)``, a ``"cache"`` collection): then no
+        ``init_cache``/``step`` are needed (see :mod:`jaxrescore.models.linen_decode`). None (the
+        default): ``module.clone(decode=True)`` when ``module`` has a ``decode`` field (the flax
+        convention), else none; False: no cache (full forwards). Ignored when ``step`` is given.
 
     Returns:
       An ApplyFnLM whose ``apply`` holds the module (never the weights): adapters of equal modules
@@ -423,6 +430,9 @@ def from_linen(
     )
     _probe(apply, params, (1, 2), vocab_size, call)
     _check_step(step)
+    decoding = decode_module_of(module, decode_module)
+    if decoding is not None and step is None and init_cache is None:
+        init_cache, step = linen_cache_pair(decoding, method, kwargs)
     return from_apply_fn(
         apply, params, vocab_size=vocab_size, bos_id=bos_id, max_len=max_len, eos=eos, mesh=mesh,
         init_cache=init_cache, step=None if step is None else SourceStep(step, apply),

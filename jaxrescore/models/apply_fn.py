@@ -40,7 +40,7 @@ class ApplyFnLM(JaxLM):
         held = self.__dict__.get("_decoder")
         if held is None or held[0] is not self.step or held[1] is not self.init_cache:
             init, length = self.init_cache, self.max_len
-            dec = Decoder(StepDecode(self.step), False, lambda: init(1, length))
+            dec = Decoder(StepDecode(self.step), lambda: jax.tree.map(lambda x: x[0], init(1, length)))
             held = (self.step, self.init_cache, dec)
             self._decoder = held
         return held[2]

@@ -1,4 +1,4 @@
-"""Incremental decoding: next-token rows that reuse the key/value caches of their parents.
+"""Incremental decoding: next-token rows that reuse the key/value caches of their ancestors.
 
 ``model.next_logprobs(prefixes, lengths)`` of a JAX model runs the whole prefix (and a prompt)
 through the network for every row. A caller that expands prefixes level by level (a SeekIndex
@@ -9,33 +9,46 @@ just expanded: with the parents' key/value caches kept, a child costs one token 
 caches): ``session.next_logprobs(prefixes, lengths)`` answers like the model and
 
 - a row of length 0 is the context's own row (BOS and, for a prompted model, the prompt: its
-  cache is computed ONCE per ``with_prompt`` and kept on the prompted model);
+  cache is computed ONCE per ``with_prompt``, in one call, and kept on the prompted model);
 - a row whose parent (the prefix without its last token) this session computed before, and still
   holds, costs one token position: the parent's cache rows are gathered and one step appends;
-- any other row is prefilled from the context (one call, every position of the prefix; a model
-  whose step takes one token at a time runs a step per position);
+- a row whose parent is not held but a shorter ancestor is (a caller that skipped levels, a
+  teacher-forced continuation of a computed prefix) runs its remaining tokens in ONE call on top
+  of the ancestor's cache; any other row runs every token of its prefix in one call on top of
+  the context (multi-token prefill);
 - every row computed keeps its cache (keyed by its tokens) until the session's ``max_bytes`` is
   passed; then the oldest calls' caches are dropped first (a level-by-level caller no longer
-  needs them), and a child of a dropped parent is prefilled.
+  needs them). When a call's own caches do not fit in ``max_bytes`` the session says so ONCE (a
+  ``UserWarning`` naming the bytes needed and the knob) instead of silently recomputing every
+  child from the context.
 
-Shapes. Rows per call are padded to powers of two (at least ``min_rows``); a row cache holds the
-continuation only, ``S`` positions with ``S`` a power of two (>= 8) covering the longest row, so a
-level of any depth reuses one of a few compiled shapes; the shared context is one ``C``-position
-array, ``C`` a power of two. Rows agree with the full forward to float32 noise (summation order):
-tests/test_models_decoding.py checks it.
+Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``), and only
+the real rows are held. The SHARED context (the prompt's keys and values) is one ``C``-position
+array, ``C`` a power of two, held once by the prompted model and never copied per row; a row
+cache of the library's networks (TransformerLM, its int8 twin, from_pretrained) covers the row's
+OWN positions only, ``S`` of them with ``S`` a power of two (>= 8) covering the longest row, so a
+row of a 1024-context GPT-2-small-shaped model holds ``2 * 12 layers * S * 768 * 4`` bytes
+(590 KB at ``S = 8``) whatever the prompt's length and thousands fit in the default budget.
+Prefill blocks are powers of two, so a level of any depth reuses one of a few compiled shapes.
+Rows agree with the full forward to float32 noise (summation order): tests/test_models_decoding.py
+checks it.
 
-Models. :class:`~jaxrescore.models.transformer.TransformerLM` and its int8 twin decode with a
-shared context (the prompt's keys and values are never copied per row). ``from_apply_fn(...,
-init_cache=..., step=...)`` takes a user's cache-aware step in the style of flax decoding
-(see :func:`jaxrescore.models.from_apply_fn`); its caches are per row, at full length.
-:func:`decoding_session` returns None for a model without an incremental forward (an n-gram is a
-table lookup, a callable has no cache); callers then use the model itself.
+Models. :class:`~jaxrescore.models.transformer.TransformerLM`, its int8 twin and
+:func:`~jaxrescore.models.from_pretrained` models decode with a shared context as above.
+``from_apply_fn(..., init_cache=..., step=...)`` (and ``from_linen`` of a module using flax's
+``decode=True`` attention, which needs no step of one's own) take a step in the style of flax
+decoding (see :func:`jaxrescore.models.from_apply_fn`): its caches are the user's, per row, at
+full length (the prompt copied into each), and a prefill of ``W`` tokens runs the step ``W``
+times inside one compiled call. :func:`decoding_session` returns None for a model without an
+incremental forward (an n-gram is a table lookup, a callable has no cache); callers then use the
+model itself.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, NamedTuple
@@ -50,13 +63,22 @@ from jaxrescore.models.scores import clipped_log_softmax as _log_softmax
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree
 
-# Smallest power-of-two length of a row cache and of a prefill block.
+# Smallest power-of-two length of a row cache and of the context.
 MIN_CACHE_LEN = 8
+# The environment variable that sets the default cache budget (bytes), for callers that build
+# their sessions themselves (a rescoring search, a prompted model's greedy completion).
+CACHE_BYTES_ENV = "JAXRESCORE_DECODE_CACHE_BYTES"
 
 
 def default_cache_bytes() -> int:
-    """The default ``max_bytes`` of a session: 1 GiB, or a sixteenth of physical memory if less
-    (at least 64 MiB)."""
+    """The default ``max_bytes`` of a session: ``$JAXRESCORE_DECODE_CACHE_BYTES`` when set, else
+    1 GiB, or a sixteenth of physical memory if less (at least 64 MiB)."""
+    env = os.environ.get(CACHE_BYTES_ENV)
+    if env:
+        try:
+            return max(int(float(env)), 0)
+        except ValueError:
+            raise ValueError(f"{CACHE_BYTES_ENV} must be a number of bytes, got {env!r}") from None
     cap = 1 << 30
     try:
         phys = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
@@ -81,33 +103,45 @@ def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out):
 
 
 @jax.jit
-def _select(hit, new, old):
-    """``new`` where ``hit[b]``, else ``old``, row by row over every leaf."""
-    return jax.tree.map(lambda a, b: jnp.where(hit.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
-
-
-@jax.jit
 def _gather(cache, idx):
     """Rows ``idx`` of every cache leaf (leading axis: rows)."""
     return jax.tree.map(lambda x: x[idx], cache)
 
 
+def _where_rows(keep, new, old):
+    """``new`` where ``keep[b]``, else ``old``, row by row over every leaf."""
+    return jax.tree.map(lambda a, b: jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
 @dataclass(frozen=True)
 class StepDecode:
-    """Hashable incremental forward from a user's flax-decoding-style pair (see
+    """Hashable incremental forward from a user's flax-decoding-style step (see
     :func:`jaxrescore.models.from_apply_fn`): ``step(params, cache, tokens int32[B, 1],
     positions int32[B]) -> (logits[B, 1, V], cache)``, one token per row at absolute position
     ``positions[b]`` (BOS at 0). Row caches are the user's own pytrees (leading axis: rows);
-    fresh rows start as copies of the one-row context cache."""
+    the context is one row's cache without that axis, and fresh rows start as copies of it. ``W`` new tokens run as a
+    ``lax.scan`` of the step inside one call; a row's cache stops at its own last token (a step
+    may be any function of the cache, e.g. a running sum, not only a write)."""
 
     step: Callable
 
     def __call__(self, params, tokens, start, last, ctx, ctx_len, cache, s_out):
+        b, w = tokens.shape
         if cache is None:
-            b = tokens.shape[0]
-            cache = jax.tree.map(lambda c: jnp.broadcast_to(c, (b,) + c.shape[1:]), ctx)
-        logits, cache = self.step(params, cache, tokens[:, :1], ctx_len + start)
-        return logits[:, 0], cache
+            cache = jax.tree.map(lambda c: jnp.broadcast_to(c, (b,) + c.shape), ctx)
+        if w == 1:
+            logits, cache = self.step(params, cache, tokens, ctx_len + start)
+            return logits[:, 0], cache
+
+        def one(carry, j):
+            cache, out = carry
+            logits, new = self.step(params, cache, jax.lax.dynamic_slice_in_dim(tokens, j, 1, 1), ctx_len + start + j)
+            out = jnp.where((j == last)[:, None], logits[:, 0].astype(jnp.float32), out)
+            return (_where_rows(j <= last, new, cache), out), None
+
+        v = jax.eval_shape(self.step, params, cache, tokens[:, :1], start)[0].shape[-1]
+        (cache, out), _ = jax.lax.scan(one, (cache, jnp.zeros((b, v), jnp.float32)), jnp.arange(w))
+        return out, cache
 
 
 @dataclass(frozen=True)
@@ -116,16 +150,15 @@ class Decoder:
 
     Attributes:
       fn: hashable pure ``fn(params, tokens[B, W], start[B], last[B], ctx, ctx_len, cache, s_out)
-        -> (logits[B, V], cache)``; ``cache=None`` starts fresh rows from the context.
-      multi_token: whether ``fn`` takes ``W > 1`` new tokens per row (else prefills step by step).
-      empty_context: the context cache before any token (a pytree of arrays).
-      context_len: the positions a context cache can hold (None: grows, powers of two).
+        -> (logits[B, V], cache)``: ``W`` new tokens per row at row positions ``start[b] + w``
+        (absolute ``ctx_len + start[b] + w``), logits at new position ``last[b]``; ``cache=None``
+        starts fresh rows from the context; row caches cover ``s_out`` row positions (a
+        per-row-position cache pads a given one to that length; a user's step keeps its own).
+      empty_context: the context cache before any token (a pytree of arrays, no row axis).
     """
 
     fn: Callable
-    multi_token: bool
     empty_context: Callable[[], PyTree]
-    context_len: int | None = None
 
 
 def _split_prompt(model):
@@ -144,7 +177,8 @@ def model_decoder(model) -> Decoder | None:
 
 def decoding_context(model) -> Context:
     """The context of ``model`` (BOS plus a prompted model's prompt): computed once per weights
-    object and kept on the (prompted) model. Counted in nothing: it is paid once."""
+    object, in ONE call whatever the prompt's length, and kept on the (prompted) model. Counted
+    in nothing: it is paid once."""
     base, prompt = _split_prompt(model)
     with mesh_context(base.mesh):
         return _context(model, base, prompt)
@@ -158,24 +192,14 @@ def _context(model, base, prompt) -> Context:
     dec = model_decoder(model)
     toks = np.asarray((base.bos_id,) + prompt, np.int32)
     n = toks.size
-    if dec.multi_token:
-        c = bucket_size(n, MIN_CACHE_LEN)
-        block = np.zeros((1, c), np.int32)
-        block[0, :n] = toks
-        rows, cache = _decode(
-            dec.fn, params, block, np.zeros(1, np.int32), np.array([n - 1], np.int32),
-            dec.empty_context(), np.int32(0), None, c,
-        )
-        ctx = jax.tree.map(lambda x: x[0], cache)  # one row: the shared context
-    else:
-        ctx = dec.empty_context()  # a one-row cache the step extends position by position
-        rows = None
-        for j in range(n):
-            rows, ctx = _decode(
-                dec.fn, params, toks[None, j : j + 1], np.full(1, j, np.int32), np.zeros(1, np.int32),
-                None, np.int32(0), ctx, 0,
-            )
-    out = Context(ctx, n, np.asarray(rows)[0].astype(np.float32))
+    c = bucket_size(n, MIN_CACHE_LEN)
+    block = np.zeros((1, c), np.int32)
+    block[0, :n] = toks
+    rows, cache = _decode(
+        dec.fn, params, block, np.zeros(1, np.int32), np.array([n - 1], np.int32),
+        dec.empty_context(), np.int32(0), None, c,
+    )
+    out = Context(jax.tree.map(lambda x: x[0], cache), n, np.asarray(rows)[0].astype(np.float32))
     model._decode_context = (params, out)
     return out
 
@@ -187,11 +211,15 @@ class DecodingSession:
     Attributes:
       model: the model answered for (a JAX model or a prompted one).
       vocab_size, eos, max_len: the model's.
-      max_bytes: the most bytes of row caches held; the oldest are dropped past it (0: none kept).
-      positions: token positions computed (each cached row 1, each prefilled row its length).
-      rows: rows answered; ``extended``: rows answered from a held parent cache; ``calls``:
-        device calls made.
-      nbytes: bytes of row caches held now.
+      max_bytes: the most bytes of row caches held; the oldest are dropped past it (0: none kept,
+        and no warning).
+      positions: token positions computed (each row the tokens it added to the cache it started
+        from: 1 for a row whose parent was held, its length for a row prefilled from the context).
+      rows: rows answered; ``extended``: rows answered from a held parent or ancestor cache;
+        ``calls``: device calls made.
+      nbytes: bytes of row caches held now; ``held_rows``: rows they cover;
+        :attr:`bytes_per_row`: their ratio. The shared context is not counted (held once, on the
+        prompted model).
     """
 
     def __init__(self, model: Any, *, max_bytes: int | None = None):
@@ -204,10 +232,14 @@ class DecodingSession:
         self.vocab_size, self.eos, self.max_len = int(model.vocab_size), model.eos, int(model.max_len)
         self.max_bytes = default_cache_bytes() if max_bytes is None else int(max_bytes)
         self.positions = self.rows = self.extended = self.calls = 0
-        self.nbytes = 0
+        self.nbytes = self.held_rows = 0
         self._where: dict[bytes, tuple[int, int]] = {}  # prefix key -> (slab id, row)
-        self._slabs: collections.OrderedDict = collections.OrderedDict()  # id -> (cache, s, nbytes, keys)
+        self._lengths: collections.Counter = collections.Counter()  # prefix length -> keys held
+        # slab id -> (cache, s, nbytes, keys, call number)
+        self._slabs: collections.OrderedDict = collections.OrderedDict()
         self._next_id = 0
+        self._call = 0
+        self._warned = False
         self._params = None
 
     def __repr__(self) -> str:
@@ -217,15 +249,21 @@ class DecodingSession:
     def score_tolerance(self):
         return getattr(self.model, "score_tolerance", None)
 
+    @property
+    def bytes_per_row(self) -> float:
+        """Bytes of row cache held per row held (0.0 when none is held)."""
+        return self.nbytes / self.held_rows if self.held_rows else 0.0
+
     def clear(self) -> None:
         """Drop every held cache."""
         self._where.clear()
+        self._lengths.clear()
         self._slabs.clear()
-        self.nbytes = 0
+        self.nbytes = self.held_rows = 0
 
     def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
         """``float32[B, V]``: log-softmax next-token rows after each prefix, as the model's own
-        ``next_logprobs`` (to float32 noise), reusing held parent caches.
+        ``next_logprobs`` (to float32 noise), reusing held parent and ancestor caches.
 
         Args:
           prefixes: int32[B, T]; row ``b`` holds a prefix in its first ``lengths[b]`` positions.
@@ -241,140 +279,125 @@ class DecodingSession:
         out = np.empty((n, self.vocab_size), np.float32)
         if n == 0:
             return out
-        base = self._base
-        params = base._device_params()
+        params = self._base._device_params()
         if self._params is not params:  # new weights: held caches are stale
             self.clear()
             self._params = params
         ctx = decoding_context(self.model)
+        self._call += 1
         self.rows += n
         zero = lens == 0
         out[zero] = ctx.row
         keys = _keys(toks, lens)
-        parents = _keys(toks, np.maximum(lens - 1, 0))
-        fresh, by_slab, prefill = [], collections.defaultdict(list), []
+        # rows grouped by the held cache they start from (None: the context) and its length
+        groups: dict = collections.defaultdict(list)
         for i in np.flatnonzero(~zero).tolist():
-            if lens[i] == 1:
-                fresh.append(i)
-                continue
-            at = self._where.get(parents[i])
-            if at is None:
-                prefill.append(i)
-            else:
-                by_slab[at[0]].append((i, at[1]))
-        pending = []  # (batch rows, device rows)
-        step_rows = base._chunk(MIN_CACHE_LEN)
-        if fresh:
-            for lo in range(0, len(fresh), step_rows):
-                idx = np.asarray(fresh[lo : lo + step_rows])
-                pending.append(self._extend(idx, toks, lens, ctx, params, None, 0, keys))
-        for slab_id, members in by_slab.items():
-            cache, s_in = self._slabs[slab_id][:2]
-            for lo in range(0, len(members), step_rows):
-                part = members[lo : lo + step_rows]
-                idx = np.asarray([i for i, _ in part])
-                rows_in = np.asarray([r for _, r in part], np.int32)
-                pending.append(self._extend(idx, toks, lens, ctx, params, (cache, rows_in), s_in, keys))
-        if prefill:
-            pending += self._prefill(np.asarray(prefill), toks, lens, ctx, params, keys)
-        for idx, rows in pending:
-            out[idx] = np.asarray(rows)[: idx.size]
+            slab, row, start = self._ancestor(toks[i], int(lens[i]))
+            groups[slab].append((i, row, start))
+        pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for slab, members in groups.items()]
+        for calls in pending:
+            for idx, rows in calls:
+                out[idx] = np.asarray(rows)[: idx.size]
         self._evict()
         check_nan(self.model, out, None, "next_logprobs (incremental)")
         return out
 
+    def _ancestor(self, tokens: np.ndarray, length: int) -> tuple:
+        """``(slab, row, start)``: the held cache of the longest proper prefix of ``tokens[:length]``
+        (its parent first), or ``(None, 0, 0)``: the context."""
+        prefix = np.ascontiguousarray(tokens[:length], np.int32)
+        for held in sorted((k for k in self._lengths if k < length), reverse=True):
+            at = self._where.get(prefix[:held].tobytes())
+            if at is not None:
+                return at[0], at[1], held
+        return None, 0, 0
+
     # -- calls ------------------------------------------------------------------------------------
 
-    def _pad_rows(self, m: int) -> int:
-        return self._base._rows_bucket(m)
-
-    def _extend(self, idx, toks, lens, ctx, params, parent, s_in, keys):
-        """Rows ``idx`` one position past their parents (held caches, or the context when
-        ``parent`` is None)."""
-        m = idx.size
-        b = self._pad_rows(m)
+    def _extend(self, slab, members, toks, lens, ctx, params, keys) -> list:
+        """Rows ``members`` (``(batch row, slab row, start)``) from the held cache ``slab``'s rows
+        (the context when None): each runs its tokens from ``start`` to its length in one call
+        (one position for a row whose parent is held)."""
+        cache_in, s_in = (None, 0) if slab is None else self._slabs[slab][:2]
+        idx = np.asarray([i for i, _, _ in members])
+        starts = np.asarray([s for _, _, s in members], np.int32)
+        new = lens[idx] - starts
+        w = bucket_size(int(new.max()), 1)
+        per = self._base._chunk(w)
         put = self._base._put
-        tokens = np.zeros((b, 1), np.int32)
-        start = np.zeros(b, np.int32)
-        tokens[:m, 0] = toks[idx, lens[idx] - 1]
-        start[:m] = lens[idx] - 1
-        s_out = max(s_in, bucket_size(int(lens[idx].max()), MIN_CACHE_LEN))
-        cache = None
-        if parent is not None:
-            pidx = np.zeros(b, np.int32)
-            pidx[:m] = parent[1]
-            cache = _gather(parent[0], put(pidx))
-        rows, new = _decode(
-            self._dec.fn, params, put(tokens), put(start), put(np.zeros(b, np.int32)), ctx.cache,
-            np.int32(ctx.length), cache, s_out,
-        )
-        self.calls += 1
-        self.positions += m
-        self.extended += m if parent is not None else 0
-        self._hold(new, s_out, [keys[i] for i in idx.tolist()])
-        return idx, rows
-
-    def _prefill(self, idx, toks, lens, ctx, params, keys):
-        """Rows ``idx`` computed from the context: every position of each prefix."""
         out = []
-        put = self._base._put
-        longest = int(lens[idx].max())
-        w = bucket_size(longest, MIN_CACHE_LEN)
-        per = self._base._chunk(w) if self._dec.multi_token else self._base._chunk(MIN_CACHE_LEN)
         for lo in range(0, idx.size, per):
-            part = idx[lo : lo + per]
-            m = part.size
-            b = self._pad_rows(m)
+            part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
+            b = self._base._rows_bucket(m)
             block = np.zeros((b, w), np.int32)
-            width = min(w, toks.shape[1])
-            block[:m, :width] = np.where(np.arange(width)[None, :] < lens[part][:, None], toks[part, :width], 0)
+            cols = part_start[:, None] + np.arange(w)[None, :]
+            real = cols < lens[part][:, None]
+            block[:m] = np.where(real, toks[part[:, None], np.minimum(cols, toks.shape[1] - 1)], 0)
+            start = np.zeros(b, np.int32)
+            start[:m] = part_start
             last = np.zeros(b, np.int32)
-            last[:m] = lens[part] - 1
-            self.positions += int(lens[part].sum())
-            if self._dec.multi_token:
-                rows, new = _decode(
-                    self._dec.fn, params, put(block), put(np.zeros(b, np.int32)), put(last), ctx.cache,
-                    np.int32(ctx.length), None, w,
-                )
-                self.calls += 1
-            else:  # one position per call; each row's answer is read at its own last position
-                cache = rows = new = None
-                for j in range(int(lens[part].max())):
-                    rows_j, cache = _decode(
-                        self._dec.fn, params, put(block[:, j : j + 1]), put(np.full(b, j, np.int32)),
-                        put(np.zeros(b, np.int32)), ctx.cache, np.int32(ctx.length), cache, w,
-                    )
-                    self.calls += 1
-                    if rows is None:
-                        rows, new = rows_j, cache
-                    else:  # a row's cache is the one after its own last token (a step may be
-                        # any function of the cache, e.g. a running sum, not only a write)
-                        rows, new = _select(put(last == j), (rows_j, cache), (rows, new))
-            self._hold(new, w, [keys[i] for i in part.tolist()])
+            last[:m] = lens[part] - part_start - 1
+            s_out = max(s_in, bucket_size(int(lens[part].max()), MIN_CACHE_LEN))
+            cache = None
+            if slab is not None:
+                rows_in = np.zeros(b, np.int32)
+                rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
+                cache = _gather(cache_in, put(rows_in))
+            rows, held = _decode(
+                self._dec.fn, params, put(block), put(start), put(last), ctx.cache, np.int32(ctx.length),
+                cache, s_out,
+            )
+            self.calls += 1
+            self.positions += int((lens[part] - part_start).sum())
+            self.extended += m if slab is not None else 0
+            self._hold(held, m, b, s_out, [keys[i] for i in part.tolist()])
             out.append((part, rows))
         return out
 
     # -- the held caches --------------------------------------------------------------------------
 
-    def _hold(self, cache, s: int, keys: list) -> None:
+    def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
+        """Keep the first ``m`` of the ``b`` rows of ``cache`` (the padding rows are not held)."""
         if self.max_bytes <= 0:
             return
+        if m < b:
+            cache = jax.tree.map(lambda x: x[:m], cache)
         nbytes = int(sum(x.nbytes for x in jax.tree.leaves(cache)))
         slab = self._next_id
         self._next_id += 1
-        self._slabs[slab] = (cache, s, nbytes, keys)
+        self._slabs[slab] = (cache, s, nbytes, keys, self._call)
         self.nbytes += nbytes
+        self.held_rows += m
         for row, key in enumerate(keys):
             self._where[key] = (slab, row)
+            self._lengths[len(key) // 4] += 1
 
     def _evict(self) -> None:
-        """Drop the oldest calls' caches while more than ``max_bytes`` are held."""
+        """Drop the oldest calls' caches while more than ``max_bytes`` are held; warn (once) when
+        that drops caches this very call made: its children will not find them."""
+        needed = sum(v[2] for v in self._slabs.values() if v[4] == self._call)
         while self.nbytes > self.max_bytes and self._slabs:
-            slab, (_, _, nbytes, keys) = self._slabs.popitem(last=False)
+            slab, (_, _, nbytes, keys, call) = self._slabs.popitem(last=False)
             self.nbytes -= nbytes
+            self.held_rows -= len(keys)
             for key in keys:
                 if self._where.get(key, (None,))[0] == slab:
                     del self._where[key]
+                    self._lengths[len(key) // 4] -= 1
+                    if not self._lengths[len(key) // 4]:
+                        del self._lengths[len(key) // 4]
+            if call == self._call and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"DecodingSession over {type(self.model).__name__}: one call's key/value caches need "
+                    f"{needed:,} bytes ({nbytes // max(len(keys), 1):,} per row), more than "
+                    f"max_bytes={self.max_bytes:,}; they are not kept, so the next rows are computed "
+                    f"from the context instead of their parents. Raise the budget: "
+                    f"decoding_session(model, max_bytes=...), SeekIndex(decode_cache_bytes=...) or "
+                    f"the environment variable {CACHE_BYTES_ENV}.",
+                    UserWarning,
+                    stacklevel=4,
+                )
 
 
 def _keys(toks: np.ndarray, lens: np.ndarray) -> list:

@@ -317,7 +317,7 @@ def transformer_decoder(config: TransformerConfig, graphdef, prepare: Callable |
         z = jnp.zeros((1, h, dh), jnp.dtype(config.dtype))
         return tuple((z, z) for _ in range(config.n_layers))
 
-    return Decoder(TransformerDecode(graphdef, prepare), True, empty_context)
+    return Decoder(TransformerDecode(graphdef, prepare), empty_context)
 
 
 @functools.lru_cache(maxsize=16)
