@@ -337,7 +337,9 @@ class DecodingSession:
             start[:m] = part_start
             last = np.zeros(b, np.int32)
             last[:m] = lens[part] - part_start - 1
-            s_out = max(s_in, bucket_size(int(lens[part].max()), MIN_CACHE_LEN))
+            # every written position (padding ones too) must fit: a write past the end would be
+            # moved back over real positions (dynamic_update_slice clamps its start)
+            s_out = max(s_in, bucket_size(int(part_start.max()) + w, MIN_CACHE_LEN))
             cache = None
             if slab is not None:
                 rows_in = np.zeros(b, np.int32)
