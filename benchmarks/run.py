@@ -37,6 +37,7 @@ SECTIONS = [
     ("throughput", "bench_throughput"),
     ("small_batch", "bench_small_batch"),
     ("kv_cache", "bench_kv_cache"),
+    ("long_context", "bench_long_context"),
     ("int8", "bench_int8"),
     ("seek_index", "bench_seek_index"),
     ("seek_memory", "bench_seek_memory"),

@@ -215,10 +215,10 @@ def test_row_cache_bytes_follow_the_row_not_the_context():
         m = tiny(max_len=max_len, vocab_size=6, d_model=16)
         model = m.with_prompt(prompt) if prompt else m
         s = decoding_session(model)
-        paths = np.random.default_rng(7).integers(1, 6, size=(5, 3)).astype(np.int32)
+        paths = np.random.default_rng(7).integers(1, 6, size=(8, 3)).astype(np.int32)
         for d in (1, 2, 3):
-            s.next_logprobs(paths[:, :d], np.full(5, d, np.int32))
-        assert s.held_rows == 15  # the padding rows of each call are not held
+            s.next_logprobs(paths[:, :d], np.full(8, d, np.int32))
+        assert s.held_rows == 24  # the padding rows of each call (to 32) are not held
         held.append(s.bytes_per_row)
     # 2 (keys, values) x 2 layers x 8 positions x d_model 16 x 4 bytes
     assert held == [2 * 2 * 8 * 16 * 4] * 3

@@ -22,8 +22,8 @@ caches): ``session.next_logprobs(prefixes, lengths)`` answers like the model and
   ``UserWarning`` naming the bytes needed and the knob) instead of silently recomputing every
   child from the context.
 
-Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``), and only
-the real rows are held. The SHARED context (the prompt's keys and values) is one ``C``-position
+Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``); the held
+rows are the real ones padded to a power of two. The SHARED context (the prompt's keys and values) is one ``C``-position
 array, ``C`` a power of two, held once by the prompted model and never copied per row; a row
 cache of the library's networks (TransformerLM, its int8 twin, from_pretrained) covers the row's
 OWN positions only, ``S`` of them with ``S`` a power of two (>= 8) covering the longest row, so a
@@ -100,6 +100,12 @@ def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out):
     """One incremental call: log-softmax rows float32[B, V] (clipped <= 0) and the new caches."""
     logits, cache = fn(params, tokens, start, last, ctx, ctx_len, cache, s_out)
     return _log_softmax(logits), cache
+
+
+@partial(jax.jit, static_argnums=1)
+def _first_rows(cache, n: int):
+    """The first ``n`` rows of every cache leaf."""
+    return jax.tree.map(lambda x: x[:n], cache)
 
 
 @jax.jit
@@ -289,11 +295,17 @@ class DecodingSession:
         zero = lens == 0
         out[zero] = ctx.row
         keys = _keys(toks, lens)
+        parents = _keys(toks, np.maximum(lens - 1, 0))
+        held = sorted(self._lengths, reverse=True)
         # rows grouped by the held cache they start from (None: the context) and its length
         groups: dict = collections.defaultdict(list)
         for i in np.flatnonzero(~zero).tolist():
-            slab, row, start = self._ancestor(toks[i], int(lens[i]))
-            groups[slab].append((i, row, start))
+            at = self._where.get(parents[i])
+            if at is not None:
+                groups[at[0]].append((i, at[1], int(lens[i]) - 1))
+            else:
+                slab, row, start = self._ancestor(toks[i], int(lens[i]), held)
+                groups[slab].append((i, row, start))
         pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for slab, members in groups.items()]
         for calls in pending:
             for idx, rows in calls:
@@ -302,14 +314,16 @@ class DecodingSession:
         check_nan(self.model, out, None, "next_logprobs (incremental)")
         return out
 
-    def _ancestor(self, tokens: np.ndarray, length: int) -> tuple:
-        """``(slab, row, start)``: the held cache of the longest proper prefix of ``tokens[:length]``
-        (its parent first), or ``(None, 0, 0)``: the context."""
+    def _ancestor(self, tokens: np.ndarray, length: int, held: list) -> tuple:
+        """``(slab, row, start)``: the held cache of the longest prefix of ``tokens[:length]``
+        shorter than its parent (``held``: the lengths held, longest first), or ``(None, 0, 0)``:
+        the context."""
         prefix = np.ascontiguousarray(tokens[:length], np.int32)
-        for held in sorted((k for k in self._lengths if k < length), reverse=True):
-            at = self._where.get(prefix[:held].tobytes())
-            if at is not None:
-                return at[0], at[1], held
+        for n in held:
+            if n < length - 1:
+                at = self._where.get(prefix[:n].tobytes())
+                if at is not None:
+                    return at[0], at[1], n
         return None, 0, 0
 
     # -- calls ------------------------------------------------------------------------------------
@@ -359,11 +373,12 @@ class DecodingSession:
     # -- the held caches --------------------------------------------------------------------------
 
     def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
-        """Keep the first ``m`` of the ``b`` rows of ``cache`` (the padding rows are not held)."""
+        """Keep the rows of ``cache`` that hold the ``m`` real ones, padded to a power of two (a
+        call's padding rows beyond it are not held; few slab shapes keep gathers compiled)."""
         if self.max_bytes <= 0:
             return
-        if m < b:
-            cache = jax.tree.map(lambda x: x[:m], cache)
+        if bucket_size(m, 1) < b:
+            cache = _first_rows(cache, bucket_size(m, 1))
         nbytes = int(sum(x.nbytes for x in jax.tree.leaves(cache)))
         slab = self._next_id
         self._next_id += 1
