@@ -1,0 +1,30 @@
+"""The long-context benchmark's --quick run (benchmarks/bench_long_context.py): random GPT-2
+checkpoints written in the Hugging Face layout load, every cached row costs one token position
+and holds the same bytes whatever the prompt's length, and cached rows match full forwards."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+pytest.importorskip("safetensors")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCH)
+
+import bench_long_context  # noqa: E402
+
+
+@pytest.mark.slow
+def test_quick_run():
+    text = bench_long_context.run(quick=True)
+    assert text.startswith("## Pretrained-shaped models at long context")
+    part1 = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row[0].strip() for row in part1] == ["4", "64", "100"]
+    assert {row[4].strip() for row in part1} == {"1"}  # one token position per cached row
+    assert len({row[6].strip() for row in part1}) == 1  # bytes per row: not the prompt's
+    worst = float(re.search(r"full forward to (\S+) \(float32 noise\)", text).group(1))
+    assert worst < 1e-4
+    assert "| target (gpt2 shape) |" in text and "| draft (distilgpt2 shape) |" in text
