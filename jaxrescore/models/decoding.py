@@ -297,16 +297,17 @@ class DecodingSession:
         keys = _keys(toks, lens)
         parents = _keys(toks, np.maximum(lens - 1, 0))
         held = sorted(self._lengths, reverse=True)
-        # rows grouped by the held cache they start from (None: the context) and its length
+        # rows grouped by the held cache they start from (None: the context) and by how many
+        # tokens they add (a power of two: one long row does not widen the others' calls)
         groups: dict = collections.defaultdict(list)
         for i in np.flatnonzero(~zero).tolist():
             at = self._where.get(parents[i])
             if at is not None:
-                groups[at[0]].append((i, at[1], int(lens[i]) - 1))
+                slab, row, start = at[0], at[1], int(lens[i]) - 1
             else:
                 slab, row, start = self._ancestor(toks[i], int(lens[i]), held)
-                groups[slab].append((i, row, start))
-        pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for slab, members in groups.items()]
+            groups[slab, bucket_size(int(lens[i]) - start, 1)].append((i, row, start))
+        pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for (slab, _), members in groups.items()]
         for calls in pending:
             for idx, rows in calls:
                 out[idx] = np.asarray(rows)[: idx.size]
