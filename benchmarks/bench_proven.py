@@ -5,7 +5,7 @@ Methods, all on the shipped character transformer (target) and the character 6-g
 
 * ``prove``: ``RescoredIndex(SeekIndex(draft), target, rerank_window=32).top_k(k, prove=True)``;
 * ``best-first``: exact batched best-first search over the target, ``batch`` prefixes per call
-  (``jaxrescore.index.best_first``; prefix forwards re-run the whole prefix here);
+  (``jaxrescore.baselines.best_first``; prefix forwards re-run the whole prefix here);
 * ``certified``: the gap-certified query grown until certified, with the demo's estimated gap.
 
     python3 benchmarks/bench_proven.py [--quick]
@@ -20,7 +20,7 @@ from common import Counting, section, table, timed
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data.names import encode, load_names
 from jaxrescore.demo import GAP_MARGIN, PROVE_WINDOW, fit_draft, load_target
-from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.rescore import estimate_top_gap
 from jaxrescore.models.scores import FLOAT32_TOLERANCE, TABLE_TOLERANCE
 
@@ -117,7 +117,7 @@ def run(quick: bool = False, out_dir=None) -> str:
 The shipped character transformer (target) and the character 6-gram draft of `jaxrescore demo`;
 {same} of {len(body)} answers equal best-first's exact top-k (column "= best-first"). `prove` is
 `RescoredIndex(SeekIndex(draft), target, rerank_window={PROVE_WINDOW}).top_k(k, prove=True)`; best-first is
-`jaxrescore.index.best_first.best_first_top_k` over the target (the exact search a user would write
+`jaxrescore.baselines.best_first.best_first_top_k` over the target (the exact search a user would write
 without a draft, `batch` prefixes per call); `certified` is the spec's gap-certified query grown
 until certified (`until_certified=True`, window 64) under the demo's estimated gap (an
 assumption). Target calls are sequential batched calls; target rows are sequences teacher-forced

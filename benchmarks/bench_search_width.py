@@ -30,7 +30,7 @@ import wide  # noqa: E402
 from common import machine, section, table  # noqa: E402
 
 from jaxrescore import RescoredIndex, SeekIndex  # noqa: E402
-from jaxrescore.index.best_first import best_first_top_k  # noqa: E402
+from jaxrescore.baselines.best_first import best_first_top_k  # noqa: E402
 from jaxrescore.models.decoding import decoding_session  # noqa: E402
 
 COMMAND = "python3 benchmarks/run.py --only search_width"

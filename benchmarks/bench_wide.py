@@ -28,8 +28,8 @@ import wide  # noqa: E402
 from common import clock, section, table  # noqa: E402
 
 from jaxrescore import RescoredIndex, SeekIndex, rescore_many  # noqa: E402
-from jaxrescore.index import beam_search  # noqa: E402
-from jaxrescore.index.best_first import best_first_top_k  # noqa: E402
+from jaxrescore.baselines import beam_search  # noqa: E402
+from jaxrescore.baselines.best_first import best_first_top_k  # noqa: E402
 from jaxrescore.index.seek import IndexLimitError  # noqa: E402
 from jaxrescore.rescore import estimate_top_gap  # noqa: E402
 from jaxrescore.models.decoding import decoding_session  # noqa: E402
@@ -495,7 +495,7 @@ draft_model=draft).top_k(k, prove=True)`; `certified` is `top_k(k, until_certifi
 max_sequences={CERTIFY_CAP if not quick else QUICK_CERTIFY_CAP:,})` under `assumed_gap = estimate_top_gap(draft, target, k,
 corpus continuations).excess + {GAP_MARGIN}` (an assumption; the estimate's own target cost is not in
 the table); `SeekIndex(target)` is the target's own index (full forwards) grown until it holds k
-sequences (its first k, in quantized order, are its answer); beam is `jaxrescore.index.beam_search`
+sequences (its first k, in quantized order, are its answer); beam is `jaxrescore.baselines.beam_search`
 (jitted, t5x-style, no KV cache), its best k finished hypotheses. Target rows are prefixes expanded
 or sequences teacher-forced (plus full rows fetched); token positions are what those forwards
 compute (a prefix of n tokens without a cache: n + 1 with BOS; teacher-forcing n tokens: n; prompts

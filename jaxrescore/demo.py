@@ -3,7 +3,7 @@
 Everything the ``jaxrescore demo`` / ``enumerate`` / ``train`` commands do lives here as plain
 functions returning plain data; :mod:`jaxrescore.cli` only parses arguments and prints. The
 searches themselves live in the library (``RescoredIndex.top_k(k, prove=True)``,
-``until_certified=True``, :func:`~jaxrescore.index.best_first.best_first_top_k`).
+``until_certified=True``, :func:`~jaxrescore.baselines.best_first.best_first_top_k`).
 
 The demo leads with the PROVEN top-k: the target's exact answer, with no assumption, found by the
 speculative exact search. Next to it, what the same answer costs an exact best-first search over
@@ -380,7 +380,7 @@ def certified_top_k(index, target, k: int, window: int | None, gap: float) -> di
 
 def best_first_cost(target, k: int) -> dict:
     """What the exact answer costs without a draft: batched best-first search over the target."""
-    from jaxrescore.index.best_first import best_first_top_k
+    from jaxrescore.baselines.best_first import best_first_top_k
 
     found = best_first_top_k(target, k)
     return {"forwards": found.forwards, "calls": found.calls, "items": [s for s, _ in found.items]}

@@ -51,7 +51,7 @@ import numpy as np
 
 from jaxrescore import NGramLM, RescoredIndex, SeekIndex, from_apply_fn, train_lm
 from jaxrescore.data import EOS, VOCAB_SIZE, decode, encode, load_names
-from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_top_k
 
 # %% [markdown]
 # ## 1. The corpus

@@ -45,7 +45,7 @@ import numpy as np
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data import decode, encode, load_names, name_ranks
 from jaxrescore.demo import fit_draft, load_target
-from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.rescore import estimate_top_gap
 
 # %% [markdown]

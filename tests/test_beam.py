@@ -1,4 +1,4 @@
-"""Beam search (jaxrescore.index.beam_search) against brute force on tiny models.
+"""Beam search (jaxrescore.baselines.beam_search) against brute force on tiny models.
 
 Oracles: the whole support listed (``tests/brute.py``) and a plain-Python beam search with the
 same rules and no early stop. What must hold: with B >= the support's size the answer is the exact
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from brute import TableModel, as_model
 
-from jaxrescore.index import beam_search
-from jaxrescore.index.beam import BeamResult
+from jaxrescore.baselines import beam_search
+from jaxrescore.baselines.beam import BeamResult
 from jaxrescore.models import TransformerConfig, TransformerLM
 
 

@@ -74,10 +74,16 @@ def test_no_sphinx_role_is_left_in_the_rendered_pages(site):
     assert not left, f"Sphinx roles printed as literal text (docs/griffe_roles.py): {left}"
 
 
+PUBLIC_MODULES = (
+    "jaxrescore", "jaxrescore.models", "jaxrescore.rescore", "jaxrescore.index", "jaxrescore.baselines",
+    "jaxrescore.data",
+)
+
+
 def public_names() -> dict[str, object]:
     """Every name of the packages' ``__all__`` lists, to the object it names."""
     out = {}
-    for module in ("jaxrescore", "jaxrescore.models", "jaxrescore.rescore", "jaxrescore.index", "jaxrescore.data"):
+    for module in PUBLIC_MODULES:
         mod = importlib.import_module(module)
         out.update({f"{module}.{n}": getattr(mod, n) for n in mod.__all__})
     return out
@@ -156,9 +162,7 @@ def anchors(site: Path) -> set[str]:
     return ids
 
 
-@pytest.mark.parametrize(
-    "module", ["jaxrescore", "jaxrescore.models", "jaxrescore.rescore", "jaxrescore.index", "jaxrescore.data"]
-)
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
 def test_api_reference_documents_every_public_name(site, module):
     documented = {a.rsplit(".", 1)[-1] for a in anchors(site)}
     missing = sorted(set(importlib.import_module(module).__all__) - documented)

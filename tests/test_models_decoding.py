@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models import CallableModel, DecodingSession, decoding_session
 from jaxrescore.models.apply_fn import from_apply_fn

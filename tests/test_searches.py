@@ -6,7 +6,7 @@ import pytest
 
 from brute import BruteIndex, TableModel, as_model, true_excess
 from jaxrescore import RescoredIndex, SeekIndex
-from jaxrescore.index.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.rescore import estimate_top_gap
 
 

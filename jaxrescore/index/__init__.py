@@ -1,6 +1,7 @@
 """Draft indexes: random access by rank into a model's support."""
 
-from jaxrescore.index.beam import BeamResult, beam_search
+# beam_search and BeamResult live in jaxrescore.baselines; this namespace keeps naming them.
+from jaxrescore.baselines.beam import BeamResult, beam_search
 from jaxrescore.index.envelope import AREnvelopeIndex
 from jaxrescore.index.seek import IndexLimitError, SeekIndex
 

@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.base import AutoregressiveEnumerable, check_int
+from jaxrescore._checks import check_bool, check_int
+from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.typing import Tokens
 from jaxrescore.sequences import bucket_size
 
@@ -94,8 +95,8 @@ def beam_search(
     from jaxrescore.models.prompt import check_prompt
 
     beam_width = check_int(beam_width, "beam_width", minimum=1)
-    if jit not in (None, True, False):
-        raise ValueError(f"jit must be None, True or False, got {jit!r}")
+    if jit is not None:
+        jit = check_bool(jit, "jit")
     base, own = _unprompted(model)
     jittable = isinstance(base, JaxLM)
     if jit and not jittable:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxrescore._checks import check_int
 from jaxrescore.models.decoding import incremental
 
 
@@ -41,10 +42,8 @@ def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstRes
       batch: prefixes expanded per call (default ``k``): larger means fewer sequential calls and
         more rows evaluated beyond what the proof needs.
     """
-    for name, value in (("k", k), ("batch", k if batch is None else batch)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    batch = int(k if batch is None else batch)
+    k = check_int(k, "k", minimum=1)
+    batch = k if batch is None else check_int(batch, "batch", minimum=1)
     model = incremental(model)
     eos, max_len = model.eos, int(model.max_len)
     open_ = [(-0.0, ())]  # (negated log-prob, prefix): a max-heap by log-prob
