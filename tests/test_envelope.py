@@ -11,8 +11,8 @@ import pytest
 
 import jaxrescore
 from jaxrescore import AREnvelopeIndex, RescoredIndex
-from jaxrescore.index import envelope as env_mod
-from jaxrescore.index import envelope_io
+from jaxrescore.index.envelope import index as env_mod
+from jaxrescore.index.envelope import io as envelope_io
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models.callable import CallableModel
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxrescore.index._envelope_descent import _buckets
+from jaxrescore.index.envelope.descent import step_buckets
 
-CHECK_ROWS = 32  # calibration rows kept for the file's load check (jaxrescore.index.envelope_io)
+CHECK_ROWS = 32  # calibration rows kept for the file's load check (jaxrescore.index.envelope.io)
 PROGRESS_DELAY_S = 1.0  # seconds a calibration runs before its progress bar appears (progress=None)
 
 
@@ -96,7 +96,7 @@ class EnvelopeCalibration:
         is_eos = np.zeros(rows.shape[1], bool)
         if self.eos is not None and self.eos < rows.shape[1]:
             is_eos[self.eos] = True
-        sb = np.minimum(_buckets(self.quantizer, np.where(finite, rows, 0.0).astype(np.float64)), M)
+        sb = np.minimum(step_buckets(self.quantizer, np.where(finite, rows, 0.0).astype(np.float64)), M)
         w = np.broadcast_to(counts.astype(np.float64)[:, None], rows.shape)
         for mask, hist, size in ((finite & ~is_eos, self._body, self._n_body), (finite & is_eos, self._eosh, self._n_eos)):
             hist[d] = np.bincount(sb[mask], weights=w[mask], minlength=M + 1)[:M] / total

@@ -3,7 +3,7 @@ to its children (host numpy, one prefix at a time, vectorised over its buckets a
 
 A prefix's *demand* ``float64[M]`` says how many ranks of each sequence bucket ``B`` it was given; it
 is a function of the prefix alone, so every rank that passes a prefix sees the same split and
-distinct ranks stay distinct. ``_Split`` splits a demand among children, ``_LeafSplit`` matches it to
+distinct ranks stay distinct. ``Split`` splits a demand among children, ``LeafSplit`` matches it to
 leaves, ``_Below`` holds the exact completions of children one step from the leaves (lookahead).
 """
 
@@ -18,7 +18,7 @@ from jaxrescore.quantize import Quantizer
 SLACK_REACH = 64  # buckets past a prefix's deepest rank where overflowing ranks may still land
 
 
-def _buckets(q: Quantizer, lp: np.ndarray) -> np.ndarray:
+def step_buckets(q: Quantizer, lp: np.ndarray) -> np.ndarray:
     """Step buckets int64[...] of finite clipped log-probs (floored at -1e15 nats: no int64 overflow)."""
     return q.step_buckets(np.maximum(lp, -1e15))
 
@@ -29,7 +29,7 @@ def _cost(row: np.ndarray) -> np.ndarray:
     return neg.view(np.uint32).astype(np.int64)
 
 
-def _children(ix: "AREnvelopeIndex", d: int, row: np.ndarray):
+def children_of(ix: "AREnvelopeIndex", d: int, row: np.ndarray):
     """The children of a depth-``d`` prefix with next-token row ``row: float32[V]``: tokens int64[n]
     likeliest first (ties by token id, SeekIndex's order), clipped log-probs float64[n], leaf bool[n]."""
     last = d == ix.max_len - 1
@@ -42,7 +42,7 @@ def _children(ix: "AREnvelopeIndex", d: int, row: np.ndarray):
     return tok, lp[tok], np.full(tok.size, last) if ix.eos is None else tok == ix.eos
 
 
-class _Split:
+class Split:
     """How one prefix (depth ``d``, bucket ``fb``) hands its ranks, ``demand: float64[M]`` per
     bucket, to its children (see the module docstring).
 
@@ -58,11 +58,11 @@ class _Split:
 
     def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int, extra=()):
         M = ix._M
-        self.tok, self.steps, self.leaf = _children(ix, d, row)
+        self.tok, self.steps, self.leaf = children_of(ix, d, row)
         self.n, self.size = self.tok.size, M
-        self.cfb = fb + _buckets(ix.quantizer, self.steps)
+        self.cfb = fb + step_buckets(ix.quantizer, self.steps)
         if self.n == 0 or self.leaf.all():
-            return  # nothing to split, or a _LeafSplit takes over
+            return  # nothing to split, or a LeafSplit takes over
         key = np.minimum(self.cfb, M)
         brk = np.ones(self.n, bool)
         brk[1:] = (key[1:] != key[:-1]) | (self.leaf[1:] != self.leaf[:-1])
@@ -267,10 +267,10 @@ class _Matched:
         return b, float(u[0] - np.searchsorted(self.unit_b, b, side="left"))
 
 
-class _LeafSplit(_Matched):
+class LeafSplit(_Matched):
     """Every child is a leaf (one sequence each): ranks are matched to the children."""
 
-    def __init__(self, sp: _Split, demand: np.ndarray):
+    def __init__(self, sp: Split, demand: np.ndarray):
         self.tok, self.steps, self.n, self.leaf, self.cfb = sp.tok, sp.steps, sp.n, sp.leaf, sp.cfb
         self._setup(demand, self.cfb)  # children are sorted likeliest first: buckets ascending
 
@@ -279,16 +279,16 @@ class _LeafSplit(_Matched):
         return child, b, np.zeros(b.size), collided
 
 
-class _SubtreeSplit(_Matched):
+class SubtreeSplit(_Matched):
     """Lookahead, one step before the leaves: the rows of every child are known (``below:
     float32[n, V]``, in child order), so the prefix's ranks are matched to its real completions --
     its leaf children and its children's leaves -- by bucket, depth-first order on ties."""
 
     def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int,
                  below: np.ndarray):
-        self.tok, self.steps, self.leaf = _children(ix, d, row)
+        self.tok, self.steps, self.leaf = children_of(ix, d, row)
         self.n, self.size = self.tok.size, ix._M
-        self.cfb = fb + _buckets(ix.quantizer, self.steps)
+        self.cfb = fb + step_buckets(ix.quantizer, self.steps)
         # every child's leaves at once: row-wise likeliest first (ties by token), possible ones first
         lp2 = np.minimum(below.astype(np.float64), 0.0)
         ok = np.isfinite(lp2)
@@ -300,7 +300,7 @@ class _SubtreeSplit(_Matched):
         self.kid_tok = srt
         self.kid_lp = np.take_along_axis(lp2, srt, axis=1)
         c2, l2 = np.nonzero(np.take_along_axis(ok, srt, axis=1))
-        b2 = self.cfb[c2] + _buckets(ix.quantizer, self.kid_lp[c2, l2])
+        b2 = self.cfb[c2] + step_buckets(ix.quantizer, self.kid_lp[c2, l2])
         lc = np.flatnonzero(self.leaf)
         cc = np.concatenate([lc, c2]).astype(np.int64)
         ll = np.concatenate([np.full(lc.size, -1), l2]).astype(np.int64)

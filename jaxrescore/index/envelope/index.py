@@ -21,7 +21,7 @@ distinct ranks stay distinct). A prefix deals each bucket's ranks to its childre
 their estimated completions there (``S_{d+1}[B - fb(child)]``; 1 at its own bucket for a leaf),
 never more than a child's capacity (its completions: ``V**rest`` for a fully supported model, 1 for
 a leaf); ranks no child can hold at their bucket take free estimated slots in later buckets, then
-spare capacity (:mod:`jaxrescore.index._envelope_descent`). At the last step the ranks are matched
+spare capacity (:mod:`jaxrescore.index.envelope.descent`). At the last step the ranks are matched
 one to one to the real leaves by bucket; with ``lookahead`` the prefix one step before reads its
 children's rows and matches its ranks to its real two-step completions. So a fully supported model
 (no ``-inf`` log-prob: any softmax model) never gives two ranks the same sequence. A model with
@@ -40,13 +40,14 @@ every structurally possible sequence: the index then provably holds the whole su
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import numpy as np
 
-from jaxrescore.index._envelope_descent import _buckets, _children, _LeafSplit, _Split, _SubtreeSplit
-from jaxrescore.index.envelope_calibration import EnvelopeCalibration
+from jaxrescore._checks import check_bool, check_float, check_int
+from jaxrescore.index.envelope.calibration import EnvelopeCalibration
+from jaxrescore.index.envelope.descent import LeafSplit, Split, SubtreeSplit, children_of, step_buckets
+from jaxrescore.index.envelope.io import load_envelope, save_envelope
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.quantize import LN2, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
@@ -56,12 +57,6 @@ MAX_RANK = 2**53  # ranks and demands are float64 integers on the host: exact be
 RESOLVE_LIMIT = 1 << 12  # ranks count/threshold read one by one; past it they estimate in closed form
 LP_MEMO = 1 << 16  # log-probs of ranks remembered for count/threshold
 LOOKAHEAD_VOCAB = 256  # lookahead=None: on up to this V (a prefix then matches up to V**2 completions)
-
-
-def _int_arg(value, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _to_float(n: int) -> float:
@@ -109,11 +104,9 @@ class AREnvelopeIndex(EnvelopeCalibration):
                  max_depth_bits: float = 64.0,
                  progress: bool | None = None, chunk_rows: int = 4096, lookahead: bool | None = None):
         self._setup(model, Quantizer(bin_width_bits, oversample), max_depth_bits, progress, chunk_rows)
-        if lookahead is not None and not isinstance(lookahead, bool):
-            raise ValueError(f"lookahead must be None, True or False, got {lookahead!r}")
-        self.lookahead = self.vocab_size <= LOOKAHEAD_VOCAB if lookahead is None else lookahead
-        self.n_paths = _int_arg(n_paths, "n_paths", minimum=1)
-        self.seed = _int_arg(seed, "seed", minimum=0)
+        self.lookahead = self.vocab_size <= LOOKAHEAD_VOCAB if lookahead is None else check_bool(lookahead, "lookahead")
+        self.n_paths = check_int(n_paths, "n_paths", minimum=1)
+        self.seed = check_int(seed, "seed", minimum=0)
         corpus = None if calibration_sequences is None else self._corpus_arg(calibration_sequences)
         self.calibrated_on = "samples" if corpus is None else "sequences"
         self._calibrate(corpus)
@@ -135,8 +128,8 @@ class AREnvelopeIndex(EnvelopeCalibration):
                     f"next_logprobs); {type(model).__name__} has no {attr!r}"
                 )
         self.model = model
-        self.max_len = _int_arg(model.max_len, "model.max_len", minimum=1)
-        self.eos = None if model.eos is None else _int_arg(model.eos, "model.eos", minimum=0)
+        self.max_len = check_int(model.max_len, "model.max_len", minimum=1)
+        self.eos = None if model.eos is None else check_int(model.eos, "model.eos", minimum=0)
         # An inferred vocabulary (CallableModel without vocab_size) starts at 0 and grows as rows
         # name tokens (as SeekIndex accepts it): ``vocab_size`` then reads the model's current size
         # (at least one token, or eos + 1), and no structural count caps the ranks (the support is
@@ -144,19 +137,14 @@ class AREnvelopeIndex(EnvelopeCalibration):
         self._vocab_inferred = bool(getattr(model, "vocab_inferred", False))
         if self._vocab_inferred:
             self._min_vocab = 1 if self.eos is None else self.eos + 1
-            _int_arg(model.vocab_size, "model.vocab_size", minimum=0)
+            check_int(model.vocab_size, "model.vocab_size", minimum=0)
         else:
-            self._vocab_size = _int_arg(model.vocab_size, "model.vocab_size", minimum=1)
+            self._vocab_size = check_int(model.vocab_size, "model.vocab_size", minimum=1)
         self.quantizer = quantizer
-        bits = max_depth_bits
-        if isinstance(bits, bool) or not isinstance(bits, numbers.Real) or not math.isfinite(bits) or bits < 0:
-            raise ValueError(f"max_depth_bits must be a finite number of bits >= 0, got {bits!r}")
-        self.max_depth_bits = float(bits)
+        self.max_depth_bits = check_float(max_depth_bits, "max_depth_bits", minimum=0.0, unit="bits")
         self._M = quantizer.budget(self.max_depth_bits) + 1
-        if progress is not None and not isinstance(progress, bool):
-            raise ValueError(f"progress must be None, True or False, got {progress!r}")
-        self.progress = progress
-        self.chunk_rows = _int_arg(chunk_rows, "chunk_rows", minimum=1)
+        self.progress = None if progress is None else check_bool(progress, "progress")
+        self.chunk_rows = check_int(chunk_rows, "chunk_rows", minimum=1)
         self.forwards = 0
         self.collisions = 0
         self._whole = False
@@ -291,7 +279,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
             for i, k in enumerate(ids):
                 qi = live[edges[i] : edges[i + 1]]
                 if ahead:  # the last two steps at once, on real completions
-                    sp = _SubtreeSplit(self, d, rows[i], demands[k], fbs[k], below[i])
+                    sp = SubtreeSplit(self, d, rows[i], demands[k], fbs[k], below[i])
                     if sp.n_comp == 0:
                         dead[qi] = True
                         continue
@@ -303,12 +291,12 @@ class AREnvelopeIndex(EnvelopeCalibration):
                     q2, c2, l2 = qi[two], child[two], leaf2[two]
                     toks[q2, d + 1], lps[q2], lens[q2] = sp.kid_tok[c2, l2], lps[q2] + sp.kid_lp[c2, l2], d + 2
                     continue
-                sp = _Split(self, d, rows[i], demands[k], fbs[k], extra=np.unique(b[qi]))
+                sp = Split(self, d, rows[i], demands[k], fbs[k], extra=np.unique(b[qi]))
                 if sp.n == 0:
                     dead[qi] = True
                     continue
                 if sp.leaf.all():
-                    sp = _LeafSplit(sp, demands[k])
+                    sp = LeafSplit(sp, demands[k])
                 child, b[qi], o[qi], c = sp.route(b[qi], o[qi])
                 coll[qi] |= c
                 toks[qi, d] = sp.tok[child]
@@ -332,8 +320,8 @@ class AREnvelopeIndex(EnvelopeCalibration):
         """The rows ``float32[n_i, V]`` of every child of each depth-``d`` prefix (``prefixes:
         int32[u, d]``, rows ``float32[u, V]``), children in order, ``-inf`` rows for leaf children:
         one batched forward."""
-        inner = [~_children(self, d, row)[2] for row in rows]
-        tok = [_children(self, d, row)[0] for row in rows]
+        inner = [~children_of(self, d, row)[2] for row in rows]
+        tok = [children_of(self, d, row)[0] for row in rows]
         pre = [np.c_[np.repeat(p[None, :], k.sum(), axis=0), t[k]] for p, t, k in zip(prefixes, tok, inner)]
         flat = np.concatenate(pre).astype(np.int32) if pre else np.zeros((0, d + 1), np.int32)
         got = self._fetch(flat, np.full(flat.shape[0], d + 1, np.int32)) if flat.shape[0] else rows[:0]
@@ -406,8 +394,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
 
     def unrank(self, i: int) -> tuple[tuple[int, ...], float]:
         """The sequence at (estimated) rank ``i``, 0-based, and its exact log-prob."""
-        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
-            raise ValueError(f"rank must be an integer, got {i!r}")
+        i = check_int(i, "rank", minimum=None)
         if i < 0:
             raise IndexError(f"rank must be >= 0, got {i}")
         seqs, lps = self.unrank_batch(np.array([i], np.int64))
@@ -416,8 +403,8 @@ class AREnvelopeIndex(EnvelopeCalibration):
     def slice(self, start: int, k: int) -> list[tuple[tuple[int, ...], float]]:
         """Up to ``k`` ``(sequence, log_prob)`` pairs from rank ``start`` on (fewer only where the
         ranks run out)."""
-        start = _int_arg(start, "start", minimum=0)
-        k = _int_arg(k, "k", minimum=0)
+        start = check_int(start, "start", minimum=0)
+        k = check_int(k, "k", minimum=0)
         stop = min(start + k, len(self))
         if stop <= start:
             return []
@@ -450,8 +437,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
         return float(self._root_demand @ _irwin_hall(self.max_len, x - np.arange(self._M)))
 
     def _threshold_arg(self, t) -> float:
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or math.isnan(t):
-            raise ValueError(f"min_log_prob must be a number, got {t!r}")
+        t = check_float(t, "min_log_prob", finite=False)
         if t == -math.inf:
             raise ValueError("min_log_prob must be finite (-inf would ask for the whole support)")
         return float(t)
@@ -484,7 +470,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
         ``2 * max_len + 2`` buckets of it: read one by one when they are at most ``RESOLVE_LIMIT``
         (exact for a model whose rows do not depend on the prefix), else the inverse of the
         closed-form estimate of :meth:`count`."""
-        rank = _int_arg(rank, "rank", minimum=1)
+        rank = check_int(rank, "rank", minimum=1)
         if rank > len(self):
             raise IndexError(f"threshold rank {rank} (1-based) is beyond the {len(self)} ranks estimated")
         b = int(np.searchsorted(self._cum, rank - 1, side="right"))
@@ -529,20 +515,20 @@ class AREnvelopeIndex(EnvelopeCalibration):
         steps = rows[np.arange(n), np.minimum(seq, rows.shape[1] - 1)].astype(np.float64)
         if np.any(np.asarray(seq) >= rows.shape[1]) or not np.isfinite(steps).all():
             raise ValueError(f"seq {seq} has probability 0 under the model")
-        fb = int(_buckets(self.quantizer, steps).sum())
+        fb = int(step_buckets(self.quantizer, steps).sum())
         demand, at, path, pos = self._root_demand, 0, [], None
         for d in range(n):
             if self.lookahead and d == self.max_len - 2:
                 below = self._below(d, np.array(seq[:d], np.int32).reshape(1, d), rows[d][None])[0]
-                sp = _SubtreeSplit(self, d, rows[d], demand, at, below)
+                sp = SubtreeSplit(self, d, rows[d], demand, at, below)
                 c = int(np.flatnonzero(sp.tok == seq[d])[0])
                 leaf = -1 if sp.leaf[c] else int(np.flatnonzero(sp.kid_tok[c] == seq[d + 1])[0])
                 pos = sp.held(sp.completion(c, leaf)) if sp.n_comp else None
                 break
-            sp = _Split(self, d, rows[d], demand, at)
+            sp = Split(self, d, rows[d], demand, at)
             c = int(np.flatnonzero(sp.tok == seq[d])[0])
             if sp.leaf.all():
-                pos = _LeafSplit(sp, demand).held(c)
+                pos = LeafSplit(sp, demand).held(c)
                 break
             path.append((sp, c))
             if sp.leaf[c]:
@@ -567,9 +553,7 @@ class AREnvelopeIndex(EnvelopeCalibration):
     # -- persistence ---------------------------------------------------------------------------------
 
     def save(self, path: PathLike) -> None:
-        """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.envelope_io`)."""
-        from jaxrescore.index.envelope_io import save_envelope
-
+        """Write the index to ``path`` atomically (see :mod:`jaxrescore.index.envelope.io`)."""
         save_envelope(self, path)
 
     @classmethod
@@ -580,6 +564,4 @@ class AREnvelopeIndex(EnvelopeCalibration):
         ValueError naming the file for an unreadable, truncated, foreign-format, other-version or
         tampered one, or one built for a model with another vocab_size/eos/max_len or other
         next-token rows at the stored calibration contexts (re-evaluated in one model call)."""
-        from jaxrescore.index.envelope_io import load_envelope
-
         return load_envelope(cls, path, model, progress=progress, chunk_rows=chunk_rows)
