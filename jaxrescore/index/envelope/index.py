@@ -48,6 +48,7 @@ from jaxrescore._checks import check_bool, check_float, check_int
 from jaxrescore.index.envelope.calibration import EnvelopeCalibration
 from jaxrescore.index.envelope.descent import LeafSplit, Split, SubtreeSplit, children_of, step_buckets
 from jaxrescore.index.envelope.io import load_envelope, save_envelope
+from jaxrescore.index.support import support_sequence
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.quantize import LN2, TOL, Quantizer
 from jaxrescore.sequences import bucket_size
@@ -488,17 +489,9 @@ class AREnvelopeIndex(EnvelopeCalibration):
     # -- rank of a given sequence --------------------------------------------------------------------
 
     def _seq_arg(self, seq) -> tuple[int, ...]:
-        try:
-            seq = tuple(int(t) for t in seq)
-        except (TypeError, ValueError):
-            raise ValueError(f"seq must be a sequence of token ids, got {seq!r}") from None
-        n = len(seq)
-        if self.eos is None:
-            ok = n == self.max_len
-        else:
-            ok = 1 <= n <= self.max_len and seq[-1] == self.eos and self.eos not in seq[:-1]
-        if not ok or min(seq, default=0) < 0 or max(seq, default=0) >= self.vocab_size:
-            raise ValueError(f"seq {seq} is not in the model's support (length/eos rule, token ids)")
+        seq = support_sequence(seq, self.eos, self.max_len)
+        if min(seq, default=0) < 0 or max(seq, default=0) >= self.vocab_size:
+            raise ValueError(f"seq {seq} is not in the model's support (a token id outside [0, {self.vocab_size}))")
         return seq
 
     def rank_bracket(self, seq: Tokens) -> tuple[int, int | float]:
