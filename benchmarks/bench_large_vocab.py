@@ -79,7 +79,7 @@ if {count}:
     index = SeekIndex(draft, progress=False)
     index.ensure_count({count})
     out.update(index_s=time.perf_counter() - t, n=len(index), index_bytes=index.nbytes, rows=index.forwards,
-               whole_rows=index.forwards * 4 * VOCAB, peak=peak(), nodes=index._nodes.n)
+               whole_rows=index.forwards * 4 * VOCAB, peak=peak(), nodes=index.state.nodes.n)
     seqs, lps = index.unrank_batch([0, len(index) - 1])
     out.update(first=list(seqs[0]), first_lp=float(lps[0]), last_lp=float(lps[1]))
 if {prompted}:

@@ -196,7 +196,7 @@ def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch,
     exactly the cells of next_logprobs at or above each threshold, and a bound on the ones left
     out (at least the largest, below the threshold), with or without the dense cache, for a
     fitted model and one of a dense table with zeros."""
-    from jaxrescore.index.rows import RowChunk
+    from jaxrescore.index.seek.rows import RowChunk
     from jaxrescore.models import ngram
 
     if not dense_cache:

@@ -17,10 +17,11 @@ import math
 import numpy as np
 import pytest
 
-from jaxrescore.index import seek as seek_mod
+from jaxrescore.index.seek import build, expand, growth
 from jaxrescore.index.seek import IndexLimitError, SeekIndex
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.ngram import NGramLM
+from jaxrescore.quantize import NO_BUCKET
 from test_seek_reliability import TableFn, _log_softmax
 
 
@@ -84,12 +85,12 @@ def check_growth(model, n, *, atol=0.0, **kw):
     assert len(index) >= min(n, len(ref)), (n, len(index), len(ref))
     if len(ref) >= n:
         # no more than the one-bit growth holds, from no more draft rows (the issue allows 2x)
-        assert index._budget <= ref._budget
+        assert index.state.budget <= ref.state.budget
         assert len(index) <= len(ref), (n, len(index), len(ref))
         assert index.forwards <= ref.forwards, (n, index.forwards, ref.forwards)
     # budget-complete: exactly the index a single build of the budget reached makes
-    fresh = SeekIndex(model, progress=False, **{**kw, "initial_bits": index._budget / index.quantizer.scale})
-    assert fresh._budget == index._budget
+    fresh = SeekIndex(model, progress=False, **{**kw, "initial_bits": index.state.budget / index.quantizer.scale})
+    assert fresh.state.budget == index.state.budget
     seqs, lps = _all(index)
     fresh_seqs, fresh_lps = _all(fresh)
     assert seqs == fresh_seqs and np.allclose(lps, fresh_lps, rtol=0, atol=atol)
@@ -114,7 +115,7 @@ def test_growth_by_count_keeps_the_order_of_the_whole_support(kind):
     # force by tests/test_seek_index.py; every grown index is a prefix of it, bucket by bucket
     model = DRAFTS[kind]()
     full = SeekIndex(model, initial_bits=400.0, max_depth_bits=400.0, progress=False)
-    assert full._frontier_min == seek_mod.NO_BUCKET  # nothing beyond the budget (eos: max_len cuts only)
+    assert full.state.frontier_min == NO_BUCKET  # nothing beyond the budget (eos: max_len cuts only)
     every, every_lp = _all(full)
     index = SeekIndex(model, initial_bits=1.0, max_depth_bits=400.0, progress=False)
     for n in (1, 5, 40, 400, 4000, 10**9):
@@ -152,32 +153,32 @@ def test_deepening_reads_only_the_rows_with_a_child_between_the_budgets(monkeypa
     model = DRAFTS["wide peaked"]()
     index = SeekIndex(model, initial_bits=1.0, max_depth_bits=60.0, progress=False)
     reread = []
-    real = SeekIndex._admit
+    real = build.admit
 
-    def admit(self, chunk, lo, hi, pending):
+    def admit(cfg, state, chunk, lo, hi, work):
         if lo >= 0:  # kept rows (fresh rows are admitted with lo = -1)
             reread[-1] += chunk.size
-        return real(self, chunk, lo, hi, pending)
+        return real(cfg, state, chunk, lo, hi, work)
 
-    monkeypatch.setattr(SeekIndex, "_admit", admit)
+    monkeypatch.setattr(build, "admit", admit)
     for n in (1, 10, 100, 1000):
         while len(index) < n and index.truncated:
-            nodes = index._nodes.n
+            nodes = index.state.nodes.n
             reread.append(0)
             index.ensure_count(len(index) + 1)
-            assert reread[-1] <= index._nodes.n - nodes, (reread[-1], index._nodes.n - nodes)
-    assert sum(reread) < index._n_rows * len(reread) / 4  # far from re-reading every row each pass
+            assert reread[-1] <= index.state.nodes.n - nodes, (reread[-1], index.state.nodes.n - nodes)
+    assert sum(reread) < index.state.n_rows * len(reread) / 4  # far from re-reading every row each pass
 
 
 def test_a_limit_reached_mid_growth_keeps_a_consistent_answering_index():
     model = DRAFTS["wide prompted"]()
     roomy = SeekIndex(model, initial_bits=1.0, max_depth_bits=60.0, progress=False).ensure_count(2000)
-    index = SeekIndex(model, initial_bits=1.0, max_depth_bits=60.0, progress=False, max_nodes=roomy._nodes.n // 3)
+    index = SeekIndex(model, initial_bits=1.0, max_depth_bits=60.0, progress=False, max_nodes=roomy.state.nodes.n // 3)
     with pytest.raises(IndexLimitError, match=r"ensure_count\(n=2,000\).*max_nodes=.*The index holds [\d,]+ sequences"):
         index.ensure_count(2000)
-    assert 0 < len(index) < 2000 and index._nodes.n <= index.max_nodes
+    assert 0 < len(index) < 2000 and index.state.nodes.n <= index.max_nodes
     # consistent: what a fresh build of the budget reached holds, in the same order, same bounds
-    fresh = SeekIndex(model, initial_bits=index._budget / index.quantizer.scale, max_depth_bits=60.0, progress=False)
+    fresh = SeekIndex(model, initial_bits=index.state.budget / index.quantizer.scale, max_depth_bits=60.0, progress=False)
     assert _all(index)[0] == _all(fresh)[0]
     assert index.bucket_bound(len(index)) == fresh.bucket_bound(len(index))
     # and answering: ranks it holds, and a RescoredIndex proof over it
@@ -193,18 +194,18 @@ def test_a_limit_reached_mid_growth_keeps_a_consistent_answering_index():
 def test_a_prompted_wide_ngram_hands_over_sparse_rows_and_grows_as_whole_rows_would(monkeypatch):
     model = ngram_model(2000, 11, prompt=(5, 9), sentences=600)
     whole_rows = []
-    real = SeekIndex._forward
+    real = expand.forward
 
-    def forward(self, ids, depth):
+    def forward(cfg, state, session, ids, depth):
         whole_rows.append(ids.size)
-        return real(self, ids, depth)
+        return real(cfg, state, session, ids, depth)
 
-    monkeypatch.setattr(SeekIndex, "_forward", forward)
+    monkeypatch.setattr(expand, "forward", forward)
     sparse = SeekIndex(model, progress=False).ensure_count(57)  # row_storage="auto": sparse at V=2,000
     assert whole_rows == [1] and sparse.forwards > 50  # only the root's row was V wide
     whole = SeekIndex(model, progress=False, row_storage="dense").ensure_count(57)
     assert _all(sparse)[0] == _all(whole)[0] and np.array_equal(_all(sparse)[1], _all(whole)[1])
-    assert sparse._budget == whole._budget and sparse.nbytes < whole.nbytes / 10
+    assert sparse.state.budget == whole.state.budget and sparse.nbytes < whole.nbytes / 10
 
 
 def test_growing_one_rank_at_a_time_costs_a_few_passes_a_bit():
@@ -216,5 +217,5 @@ def test_growing_one_rank_at_a_time_costs_a_few_passes_a_bit():
     for n in range(1, 3000, 7):
         index.ensure_count(n)
         assert len(index) >= n
-    assert index.builds - builds <= seek_mod.MAX_SUBSTEPS * math.ceil(index.built_bits - bits)
+    assert index.builds - builds <= growth.MAX_SUBSTEPS * math.ceil(index.built_bits - bits)
     assert len(index) <= len(one_bit_at_a_time(model, 2993, initial_bits=1.0, max_depth_bits=60.0))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrescore.index import io as seek_io
+from jaxrescore.index.seek import io as seek_io
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.quantize import Quantizer
 from seek_oracle import make_model, oracle, step_lps
@@ -42,7 +42,7 @@ def test_order_counts_and_bounds_match_brute_force(cfg, quant):
                       max_depth_bits=400.0, progress=False)
     full = oracle(model, index.quantizer)
     while True:
-        budget = index._budget
+        budget = index.state.budget
         inside = [r for r in full if r[1] <= budget]
         seqs, lps = _all(index)
         # exactly the in-budget support, each once, in (bucket, dfs) order, with exact draft scores
@@ -98,7 +98,7 @@ def test_first_build_sizes_and_partial_bracket():
     index = SeekIndex(model, initial_bits=3.0, max_depth_bits=3.0, progress=False)
     full = oracle(model, index.quantizer)
     assert index.truncated and not index.exhausted
-    assert len(index) == sum(1 for r in full if r[1] <= index._budget) < len(full)
+    assert len(index) == sum(1 for r in full if r[1] <= index.state.budget) < len(full)
     # beyond max_depth_bits: ranks raise, the bracket of an unindexed sequence is open-ended
     with pytest.raises(IndexError, match="max_depth_bits"):
         index.unrank(len(full) - 1)
@@ -106,7 +106,7 @@ def test_first_build_sizes_and_partial_bracket():
     lo, hi = index.rank_bracket(last[0])
     assert lo == len(index) and hi == math.inf
     assert index.count_bracket(last[2])[1] == math.inf
-    assert index.bucket_bound(len(index)) >= max(lp for _, fb, lp in full if fb > index._budget)
+    assert index.bucket_bound(len(index)) >= max(lp for _, fb, lp in full if fb > index.state.budget)
 
 
 def test_deepening_reuses_forwards():
@@ -339,6 +339,20 @@ def test_bucket_bound_is_never_violated(seed, vocab, length, terminating, cap, b
     assert len(index) <= len(full)
 
 
+def test_integral_floats_are_counts_as_everywhere():
+    """The library's one integer rule (jaxrescore._checks): 4.0 is the count 4; 2.5, True and NaN
+    are refused, naming the argument."""
+    index = SeekIndex(make_model(3, 3, 0), progress=False)
+    assert index.slice(0, 4.0) == index.slice(0, 4) and len(index.slice(0, 4)) == 4
+    assert index.slice(2.0, 3) == index.slice(2, 3)
+    assert index.unrank(5.0) == index.unrank(5) and index.threshold(3.0) == index.threshold(3)
+    assert index.ensure_count(np.float32(20.0)) is index and len(index) >= 20
+    assert SeekIndex(make_model(3, 3, 0), chunk_rows=2.0, branch_cap=2.0, progress=False).branch_cap == 2
+    for bad, name in [((0, 2.5), "k"), ((True, 2), "start"), ((0, float("nan")), "k")]:
+        with pytest.raises(ValueError, match=name):
+            index.slice(*bad)
+
+
 def test_a_model_error_midway_leaves_the_index_unchanged():
     from jaxrescore.models.callable import CallableModel
 
@@ -352,11 +366,11 @@ def test_a_model_error_midway_leaves_the_index_unchanged():
 
     index = SeekIndex(CallableModel(fn, vocab_size=4, max_len=4), initial_bits=3.0, chunk_rows=2,
                       progress=False)
-    before = (_all(index)[0], index.forwards, index.builds, index._budget, index._nodes.n)
+    before = (_all(index)[0], index.forwards, index.builds, index.state.budget, index.state.nodes.n)
     broken["on"] = True
     with pytest.raises(ValueError, match="log-probs must be <= 0"):
         index.ensure_bits(30.0)
-    assert (_all(index)[0], index.forwards, index.builds, index._budget, index._nodes.n) == before
+    assert (_all(index)[0], index.forwards, index.builds, index.state.budget, index.state.nodes.n) == before
     broken["on"] = False
     index.ensure_bits(30.0)
     fresh = SeekIndex(make_model(4, 4, 31), initial_bits=30.0, progress=False)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrescore.index import io as seek_io
-from jaxrescore.index import seek as seek_mod
+from jaxrescore.index.seek import io as seek_io
+from jaxrescore.index.seek import build, limits
 from jaxrescore.index.seek import IndexLimitError, SeekIndex
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.quantize import (
@@ -121,7 +121,7 @@ def _check_against_brute(index, full):
     """The index holds exactly the in-budget support, in order; its bound covers the rest; it
     reports truncation whenever something is missing."""
     seqs, lps = _all(index)
-    inside = [r for r in full if r[1] <= index._budget]
+    inside = [r for r in full if r[1] <= index.state.budget]
     assert seqs == [s for s, _, _ in inside]
     assert lps.tolist() == [lp for _, _, lp in inside]
     ranked = {s: i for i, s in enumerate(seqs)}
@@ -334,7 +334,7 @@ def test_pickled_index_gets_its_own_lock_and_keeps_working():
 
 
 def _state(index):
-    return (_all(index)[0], index.forwards, index.builds, index._budget, index._nodes.n, index._n_rows,
+    return (_all(index)[0], index.forwards, index.builds, index.state.budget, index.state.nodes.n, index.state.n_rows,
             index.nbytes, index.truncated, [index.bucket_bound(n) for n in range(len(index) + 1)])
 
 
@@ -357,14 +357,14 @@ def test_growth_by_count_stops_before_allocating_and_keeps_what_fitted(monkeypat
     value = 40_000 if limit == "max_bytes" else 500
     index = SeekIndex(model, initial_bits=3.0, max_depth_bits=60.0, progress=False, **{limit: value})
     sizes = []
-    real_add = seek_mod._Nodes.add
+    real_add = build.add_nodes
 
     def add(nodes, **values):  # record the size the index reaches after every allocation
-        ids = real_add(nodes, **values)
-        sizes.append((nodes.n, nodes.n * seek_mod.NODE_BYTES))
-        return ids
+        nodes, ids = real_add(nodes, **values)
+        sizes.append((nodes.n, nodes.n * limits.NODE_BYTES))
+        return nodes, ids
 
-    monkeypatch.setattr(seek_mod._Nodes, "add", add)
+    monkeypatch.setattr(build, "add_nodes", add)
     before = len(index)
     with pytest.raises(IndexLimitError, match=rf"ensure_count\(n=3,000\).*{limit}=.*The index holds"):
         index.ensure_count(3000)
@@ -404,8 +404,8 @@ def test_a_flat_wide_draft_stops_at_the_limit_with_a_clear_message():
         with pytest.raises(IndexLimitError, match=rf"ensure_count\(n={n:,}\).*max_bytes=8,388,608"):
             index.ensure_count(n)
         # the root's 2,048 children were built and kept (a pass that fitted); the next is refused
-        assert len(index) == 0 and index._nodes.n == 2049 and index.nbytes <= 8 << 20
-    assert index.truncated and index.bucket_bound(0) <= index.quantizer.edge(index._budget + 1, 3)
+        assert len(index) == 0 and index.state.nodes.n == 2049 and index.nbytes <= 8 << 20
+    assert index.truncated and index.bucket_bound(0) <= index.quantizer.edge(index.state.budget + 1, 3)
 
 
 def test_a_first_build_over_the_limit_stops_before_expanding():
@@ -478,9 +478,9 @@ def test_issue_flat_draft_grows_to_what_is_needed_not_to_millions():
     within = _flat_counts(model, q, q.budget(40.0))
     index.ensure_count(1010)
     whole_bit = min(b for b in (q.budget(x) for x in range(8, 41)) if within[b] >= 1010)
-    assert len(index) == within[index._budget]  # the index is exactly that budget's support
+    assert len(index) == within[index.state.budget]  # the index is exactly that budget's support
     assert 1010 <= len(index) <= within[whole_bit]
-    assert index._budget <= whole_bit
+    assert index.state.budget <= whole_bit
 
 
 # -- item 8: saving huge dropped counts; format versions ----------------------------------------------
@@ -530,11 +530,11 @@ def test_version_2_files_load_and_are_rechecked(tmp_path):
     def as_v2(header, arrays):
         header["version"] = 2
         header["frontier_min"] = NO_BUCKET  # a frontier the old overflow could hide
-        header["dropped"] = str(int(index._dropped))
+        header["dropped"] = str(int(index.state.dropped))
 
     _rewrite(path, as_v2)
     loaded = SeekIndex.load(path, model)
-    assert loaded._frontier_min == index._frontier_min  # recomputed from the kept rows
+    assert loaded.state.frontier_min == index.state.frontier_min  # recomputed from the kept rows
     assert _all(loaded)[0] == _all(index)[0] and loaded.dropped_upper == index.dropped_upper
     assert [loaded.bucket_bound(n) for n in range(len(index) + 1)] == [
         index.bucket_bound(n) for n in range(len(index) + 1)]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrescore.index import seek as seek_mod
+from jaxrescore.index.seek import build, expand, rows
 from jaxrescore.index.seek import SeekIndex
 from jaxrescore.models.ngram import NGramLM
 from test_seek_reliability import F32_MIN, _all, _check_against_brute, brute, table_model
@@ -66,7 +66,7 @@ def test_sparse_rows_match_whole_rows_and_brute_force(seed, vocab, length, termi
 
 
 def test_deepening_past_the_kept_margin_runs_the_model_again(monkeypatch, tmp_path):
-    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.5)  # keep almost nothing beyond the budget
+    monkeypatch.setattr(expand, "KEEP_MARGIN_BITS", 0.5)  # keep almost nothing beyond the budget
     model = table_model(6, 5, 3, eos=0)
     sparse = SeekIndex(model, initial_bits=2.0, max_depth_bits=60.0, row_storage="sparse", progress=False)
     dense = SeekIndex(model, initial_bits=2.0, max_depth_bits=60.0, row_storage="dense", progress=False)
@@ -93,7 +93,7 @@ def test_a_wide_vocabulary_keeps_sparse_rows_by_default():
     seqs = [tuple(int(t) for t in rng.zipf(1.5, size=rng.integers(2, 8)) % (v - 1) + 1) + (0,) for _ in range(300)]
     draft = NGramLM.fit(seqs, order=3, vocab_size=v, eos=0)
     sparse = SeekIndex(draft, initial_bits=12.0, progress=False)
-    assert all(c.sparse for c in sparse._chunks)
+    assert all(c.sparse for c in sparse.state.chunks)
     dense = SeekIndex(draft, initial_bits=12.0, progress=False, row_storage="dense")
     assert state(sparse) == state(dense)
     assert sparse.nbytes * 20 < dense.nbytes
@@ -126,7 +126,7 @@ def test_rows_computed_again_agree_with_what_the_index_already_holds(monkeypatch
     rows move between calls neither duplicates a child nor hides one below a built budget."""
     from jaxrescore.models.callable import CallableModel
 
-    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.25)
+    monkeypatch.setattr(expand, "KEEP_MARGIN_BITS", 0.25)
     for seed in range(4):
         fn = NoisyTableFn(5, 5, seed, noise=0.3)
         model = CallableModel(fn, vocab_size=5, max_len=5, eos=0, batched=True)
@@ -137,7 +137,7 @@ def test_rows_computed_again_agree_with_what_the_index_already_holds(monkeypatch
             index.ensure_bits(float(bits))
             seqs, lps = _all(index)
             assert len(set(seqs)) == len(seqs)
-            assert np.all(np.diff(index._seq_fb) >= 0)
+            assert np.all(np.diff(index.state.seq_fb) >= 0)
         index.ensure_bits(60.0)  # the whole support: 4**n bodies of n = 0..4 tokens, then eos
         seqs, _ = _all(index)
         assert len(seqs) == sum(4**n for n in range(5)) == len(set(seqs))
@@ -151,9 +151,9 @@ def test_a_table_model_gives_its_sparse_rows_itself(monkeypatch, cap):
     instead of V-wide rows: same sequences, order and bounds as whole rows, through deepenings
     that run rows again (kept margin made tiny); cuts (branch_cap, the max_len depth) still
     take whole rows."""
-    monkeypatch.setattr(seek_mod, "KEEP_MARGIN_BITS", 0.5)
+    monkeypatch.setattr(expand, "KEEP_MARGIN_BITS", 0.5)
     calls = {"above": 0, "agree": 0}
-    above, agree = NGramLM.next_logprobs_above, seek_mod._agree_sparse
+    above, agree = NGramLM.next_logprobs_above, rows.agree_sparse
 
     @functools.wraps(above)  # still this package's method (a foreign one gets whole rows)
     def spy_above(self, *a):
@@ -165,7 +165,7 @@ def test_a_table_model_gives_its_sparse_rows_itself(monkeypatch, cap):
         return agree(*a)
 
     monkeypatch.setattr(NGramLM, "next_logprobs_above", spy_above)
-    monkeypatch.setattr(seek_mod, "_agree_sparse", spy_agree)
+    monkeypatch.setattr(build, "agree_sparse", spy_agree)
     rng = np.random.default_rng(4)
     v = 1500
     seqs = [tuple(int(t) for t in rng.zipf(1.4, size=rng.integers(1, 5)) % (v - 1) + 1) + (0,) for _ in range(400)]
@@ -173,33 +173,39 @@ def test_a_table_model_gives_its_sparse_rows_itself(monkeypatch, cap):
     kw = dict(initial_bits=6.0, branch_cap=cap, progress=False)
     sparse, dense = SeekIndex(draft, **kw), SeekIndex(draft, row_storage="dense", **kw)
     whole = SeekIndex(draft, **kw)  # sparse rows cut from whole rows here: the same kept cells
-    whole._above_rows = lambda depth: False
-    assert sparse.row_storage == "auto" and all(c.sparse for c in sparse._chunks)
+    assert sparse.row_storage == "auto" and all(c.sparse for c in sparse.state.chunks)
+
+    def whole_rows(grow):  # ``whole`` grows without the model's own sparse rows
+        with monkeypatch.context() as m:
+            m.setattr(expand, "above_rows", lambda cfg, depth: False)
+            grow()
+
     for bits in (8.0, 11.0, 13.0, 15.0):
-        for index in (sparse, dense, whole):
+        for index in (sparse, dense):
             index.ensure_bits(bits)
+        whole_rows(lambda: whole.ensure_bits(bits))
         assert state(sparse) == state(dense) == state(whole)
     assert sparse.forwards > dense.forwards  # rows ran again
     assert calls["above"] > 0 if cap is None else calls["above"] == 0
     assert calls["agree"] > 0 if cap is None else calls["agree"] == 0
-    for index in (sparse, whole):  # growth by count reads the kept rows' histograms: the same
-        index.ensure_count(4000)
+    sparse.ensure_count(4000)  # growth by count reads the kept rows' histograms: the same
+    whole_rows(lambda: whole.ensure_count(4000))
     assert (len(sparse) >= 4000 or cap) and state(sparse) == state(whole)
     assert sparse.nbytes <= 1.05 * whole.nbytes  # the same kept cells (a looser bound may re-run a row)
 
 
 def test_sparse_rows_computed_again_agree_cell_by_cell():
-    """_agree_sparse (a sparse row run again for a deeper budget): stored cells keep their stored
+    """agree_sparse (a sparse row run again for a deeper budget): stored cells keep their stored
     values even where the fresh row moved or dropped them; new cells and the bound are clipped
     to the stored bound."""
-    from jaxrescore.index.rows import RowChunk
+    from jaxrescore.index.seek.rows import RowChunk
 
     f32 = lambda *x: np.array(x, np.float32)  # noqa: E731
     kept = RowChunk(np.array([7, 9]), ptr=np.array([0, 2, 3]), tok=np.array([1, 3, 0], np.int32),
                     val=f32(-1.0, -2.0, -0.5), rest=f32(-3.0, -4.0))
     fresh = RowChunk(np.array([7, 9]), ptr=np.array([0, 3, 5]), tok=np.array([1, 2, 4, 0, 2], np.int32),
                      val=f32(-1.1, -2.5, -3.5, -0.4, -3.0), rest=f32(-5.0, -3.5))
-    got = seek_mod._agree_sparse(kept, fresh)
+    got = rows.agree_sparse(kept, fresh)
     np.testing.assert_array_equal(got.ids, [7, 9])
     np.testing.assert_array_equal(got.ptr, [0, 4, 6])
     np.testing.assert_array_equal(got.tok, [1, 2, 3, 4, 0, 2])

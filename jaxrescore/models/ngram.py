@@ -666,7 +666,7 @@ class NGramLM(StepScored, PromptableMixin):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The cells of each :meth:`next_logprobs` row at or above a threshold, and a bound on the
         rest, without building the ``V``-wide rows (what a ``SeekIndex`` over a wide vocabulary
-        keeps; see :mod:`jaxrescore.index.rows`).
+        keeps; see :mod:`jaxrescore.index.seek.rows`).
 
         Args:
           prefixes: int32[B, T], left-aligned prefixes.

@@ -19,6 +19,8 @@ import numpy as np
 
 # Cells of whole rows sparsified at once (about 2 MB of float32: stays in cache).
 SPARSIFY_CELLS = 1 << 19
+# Kept row chunks of one kind (whole or sparse) left unmerged after a pass (see compact).
+COMPACT_CHUNKS = 16
 
 
 class RowChunk:
@@ -165,3 +167,70 @@ def _pad_width(rows: np.ndarray, width: int) -> np.ndarray:
     out = np.full((rows.shape[0], width), -np.inf, np.float32)
     out[:, : rows.shape[1]] = rows
     return out
+
+
+def consolidate(chunks) -> tuple:
+    """The chunks merged into one block per kind (whole rows padded to the widest)."""
+    merged = []
+    for sparse in (False, True):
+        same = [c for c in chunks if c.sparse == sparse and c.size]
+        if len(same) > 1:
+            merged.append(RowChunk.concat(same))
+        elif same:
+            merged.append(same[0])
+    return tuple(merged)
+
+
+def compact(chunks) -> tuple:
+    """The chunks of each kind merged once there are more than ``COMPACT_CHUNKS``: a chunk is
+    merged into the one before it while that one is no larger (a binary counter), so a few dozen
+    chunks stay and each row is copied a logarithmic number of times over the index's life, not
+    once per pass."""
+    merged = []
+    for sparse in (False, True):
+        same = [c for c in chunks if c.sparse == sparse and c.size]
+        if len(same) <= COMPACT_CHUNKS:
+            merged.extend(same)
+            continue
+        stack: list[RowChunk] = []
+        for chunk in same:
+            stack.append(chunk)
+            while len(stack) > 1 and stack[-2].size <= stack[-1].size:
+                top = stack.pop()
+                stack[-1] = RowChunk.concat([stack[-1], top])
+        merged.extend(stack)
+    return tuple(merged)
+
+
+def agree(kept: RowChunk, rows: np.ndarray) -> np.ndarray:
+    """Fresh whole ``rows`` (float32[b, V]) of the prefixes of sparse ``kept``, made to agree with
+    what the index already did with them: the kept cells keep their stored values (children may be
+    in the index already) and every other cell stays within the stored bound ``rest`` (the frontier
+    already claimed it). A model whose rows move with batch composition (float noise) could
+    otherwise admit a child twice or put one below a budget already built, where it is never seen."""
+    r, tok, val = kept.all_cells()
+    rows = np.minimum(rows, kept.rest[:, None])
+    rows[r, tok] = val
+    return rows
+
+
+def agree_sparse(kept: RowChunk, fresh: RowChunk) -> RowChunk:
+    """:func:`agree` for sparse rows: the fresh sparse rows of the prefixes of ``kept`` (cells
+    at or above a lower threshold than ``kept``'s), made to agree with what the index holds. The
+    kept cells keep their stored values; every other fresh cell is clipped to the stored bound
+    ``rest``, and so is the fresh bound (a bound on every cell left out either way)."""
+    rk, tk, vk = kept.all_cells()
+    rf = fresh.rows_of_cells()
+    wide = max(kept.width, fresh.width, 1)
+    stored = np.sort(rk * wide + tk)
+    key = rf * wide + fresh.tok
+    at = np.minimum(np.searchsorted(stored, key), max(stored.size - 1, 0))
+    new = stored[at] != key if stored.size else np.ones(key.size, bool)
+    rows = np.concatenate([rk, rf[new]])
+    tok = np.concatenate([tk, fresh.tok[new].astype(np.int64)])
+    val = np.concatenate([vk, np.minimum(fresh.val[new], kept.rest[rf[new]])])
+    order = np.lexsort((tok, rows))
+    ptr = np.zeros(kept.size + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=kept.size), out=ptr[1:])
+    rest = np.minimum(fresh.rest, kept.rest).astype(np.float32)
+    return RowChunk(kept.ids, ptr=ptr, tok=tok[order].astype(np.int32), val=val[order].astype(np.float32), rest=rest)

@@ -1,4 +1,5 @@
-"""Saving and loading a SeekIndex: one versioned ``.npz`` file with a checksum, written atomically.
+"""Saving and loading a SeekIndex's settings and state: one versioned ``.npz`` file with a checksum,
+written atomically.
 
 The file holds a JSON header (format, version, quantizer, the model's vocab_size/eos/max_len, the
 build state and a SHA-256 over every array) and the arrays of the prefix tree plus the kept
@@ -11,7 +12,7 @@ outside that sample still loads: the check is a sample, not a proof.
 
 Versions: this writes version 4 and reads 4, 3 and 2. Version 4 adds the sparse rows of a wide
 vocabulary (``sparse_ids``, ``sparse_ptr``, ``sparse_tok``, ``sparse_val``, ``sparse_rest``: see
-:mod:`jaxrescore.index.rows`) beside the whole rows (``row_ids``, ``rows``), and the header's
+:mod:`jaxrescore.index.seek.rows`) beside the whole rows (``row_ids``, ``rows``), and the header's
 ``row_storage`` (older files load as ``"auto"``). In version 3 the header's ``dropped`` (the
 ``dropped_upper`` bound) is an exact int below 2**63 or the repr of a float upper bound (``inf``
 included), so a ``branch_cap`` index over a wide, long model saves (Python cannot print an int past
@@ -31,9 +32,18 @@ import zipfile
 
 import numpy as np
 
+from jaxrescore._checks import check_int
 from jaxrescore.files import checksum as _checksum
 from jaxrescore.files import write_npz_atomic
-from jaxrescore.quantize import Quantizer
+from jaxrescore.index.seek.build import frontier_from_rows
+from jaxrescore.index.seek.counts import as_upper
+from jaxrescore.index.seek.limits import IndexLimitError
+from jaxrescore.index.seek.order import rank
+from jaxrescore.index.seek.rows import RowChunk, consolidate
+from jaxrescore.index.seek.settings import SeekSettings, check_max_bytes, make_settings, max_budget
+from jaxrescore.index.seek.state import SeekState, empty_state, export_nodes, nodes_from_columns, with_chunks
+from jaxrescore.index.seek.tree import decode
+from jaxrescore.quantize import NO_BUCKET, Quantizer
 from jaxrescore.sequences import bucket_size
 
 FORMAT = "jaxrescore.SeekIndex"
@@ -53,35 +63,36 @@ def _model_meta(model) -> dict:
     return {"vocab_size": int(model.vocab_size), "eos": model.eos, "max_len": int(model.max_len)}
 
 
-def save_index(index, path) -> None:
-    """Write ``index`` to ``path`` (temp file in the same folder, then ``os.replace``)."""
+def save_state(cfg: SeekSettings, state: SeekState, path) -> None:
+    """Write an index's settings and state to ``path`` (temp file in the same folder, then
+    ``os.replace``)."""
     path = os.fspath(path)
-    nodes = index._nodes.export()
-    index._consolidate_rows()
-    dense = [c for c in index._chunks if not c.sparse]
-    sparse = [c for c in index._chunks if c.sparse]
+    nodes = export_nodes(state.nodes)
+    chunks = consolidate(state.chunks)
+    dense = [c for c in chunks if not c.sparse]
+    sparse = [c for c in chunks if c.sparse]
     arrays = {f"node_{k}": v for k, v in nodes.items()}
     arrays["row_ids"] = dense[0].ids if dense else np.zeros(0, np.int64)
     arrays["rows"] = dense[0].dense if dense else np.zeros((0, 0), np.float32)
     if sparse:
         c = sparse[0]
         arrays.update(sparse_ids=c.ids, sparse_ptr=c.ptr, sparse_tok=c.tok, sparse_val=c.val, sparse_rest=c.rest)
-    arrays["root_row"] = index._root_row if index._root_row is not None else np.zeros(0, np.float32)
+    arrays["root_row"] = state.root_row if state.root_row is not None else np.zeros(0, np.float32)
     header = {
         "format": FORMAT,
         "version": VERSION,
-        "quantizer": [index.quantizer.bin_width_bits, index.quantizer.oversample],
-        "model": _model_meta(index.model),
-        "branch_cap": index.branch_cap,
-        "max_depth_bits": index.max_depth_bits,
-        "budget": index._budget,
-        "frontier_min": index._frontier_min,
-        "cut_min": index._cut_min,
-        "length_cut_min": index._length_cut_min,
-        "dropped": _dropped_text(index._dropped),
-        "forwards": index.forwards,
-        "builds": index.builds,
-        "row_storage": index.row_storage,
+        "quantizer": [cfg.quantizer.bin_width_bits, cfg.quantizer.oversample],
+        "model": _model_meta(cfg.model),
+        "branch_cap": cfg.branch_cap,
+        "max_depth_bits": cfg.max_depth_bits,
+        "budget": state.budget,
+        "frontier_min": state.frontier_min,
+        "cut_min": state.cut_min,
+        "length_cut_min": state.length_cut_min,
+        "dropped": _dropped_text(state.dropped),
+        "forwards": state.forwards,
+        "builds": state.builds,
+        "row_storage": cfg.row_storage,
     }
     header["checksum"] = _checksum(header, arrays)
     write_npz_atomic(path, {"header": np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays},
@@ -95,13 +106,11 @@ def _dropped_text(dropped: int | float) -> str:
 
 def _dropped_value(text) -> int | float:
     """The inverse of :func:`_dropped_text`; a version-2 int of any size becomes an upper bound."""
-    from jaxrescore.index.seek import _as_upper
-
-    # TypeError: load_index reports it as an inconsistent file
+    # TypeError: load_state reports it as an inconsistent file
     if not isinstance(text, str):
         raise TypeError(f"dropped must be text, got {text!r}")
     if text.isdigit():
-        return _as_upper(int(text))
+        return as_upper(int(text))
     try:
         value = float(text)
     except ValueError:
@@ -121,7 +130,7 @@ def _read(path: str, max_bytes: int | None = None) -> tuple[dict, dict]:
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop("header").tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        if isinstance(e, _limit_error()):
+        if isinstance(e, IndexLimitError):
             raise
         raise ValueError(f"{path} is not a readable SeekIndex file (corrupted or truncated): {e}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
@@ -138,17 +147,11 @@ def _read(path: str, max_bytes: int | None = None) -> tuple[dict, dict]:
     return header, arrays
 
 
-def _limit_error():
-    from jaxrescore.index.seek import IndexLimitError
-
-    return IndexLimitError
-
-
 def _check_size(path: str, z, max_bytes: int) -> None:
     """Refuse, before reading any array, a file whose arrays alone exceed ``max_bytes``."""
     size = sum(info.file_size for info in z.zip.infolist())
     if size > max_bytes:
-        raise _limit_error()(
+        raise IndexLimitError(
             f"SeekIndex.load({path!r}): its arrays take {size:,} bytes, over max_bytes={max_bytes:,}; "
             "nothing was read. Pass a larger max_bytes to load it."
         )
@@ -179,31 +182,26 @@ def _check_model(path: str, header: dict, root_row: np.ndarray, model) -> None:
         raise ValueError(f"{path} was built for a different model: the first next-token table differs")
 
 
-def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=None, max_bytes=None,
-               decode_cache_bytes=None):
-    """Rebuild a ``cls`` (SeekIndex) instance from ``path`` for ``model`` (see ``SeekIndex.load``)."""
-    from jaxrescore.index.seek import _limit_arg, _Nodes, default_max_bytes
-
+def load_state(path, model, *, progress=None, chunk_rows=4096, max_nodes=None, max_bytes=None,
+               decode_cache_bytes=None) -> tuple[SeekSettings, SeekState]:
+    """The settings and state saved at ``path``, for ``model`` (see ``SeekIndex.load``)."""
     path = os.fspath(path)
-    max_nodes = _limit_arg(max_nodes, "max_nodes")
-    max_bytes = _limit_arg(max_bytes, "max_bytes")
-    max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+    max_nodes = check_int(max_nodes, "max_nodes", minimum=1, allow_none=True)
+    max_bytes = check_max_bytes(max_bytes)
     header, arrays = _read(path, max_bytes)
     try:
         quantizer = Quantizer(*header["quantizer"])
         _check_model(path, header, arrays["root_row"], model)
-        index = cls.__new__(cls)
-        index._setup(model, quantizer, header["branch_cap"], header["max_depth_bits"], progress, chunk_rows,
-                     max_nodes=max_nodes, max_bytes=max_bytes, decode_cache_bytes=decode_cache_bytes,
-                     row_storage=header.get("row_storage", "auto"))  # version 3 and older: "auto"
-        index._nodes = _Nodes({k[5:]: v for k, v in arrays.items() if k.startswith("node_")})
-        if max_nodes is not None and index._nodes.n > max_nodes:
-            raise _limit_error()(
-                f"SeekIndex.load({path!r}): it holds {index._nodes.n:,} prefix-tree nodes, over "
+        cfg = make_settings(model, quantizer, branch_cap=header["branch_cap"], max_depth_bits=header["max_depth_bits"],
+                            progress=progress, chunk_rows=chunk_rows, max_nodes=max_nodes, max_bytes=max_bytes,
+                            decode_cache_bytes=decode_cache_bytes,
+                            row_storage=header.get("row_storage", "auto"))  # version 3 and older: "auto"
+        nodes = nodes_from_columns({k[5:]: v for k, v in arrays.items() if k.startswith("node_")})
+        if max_nodes is not None and nodes.n > max_nodes:
+            raise IndexLimitError(
+                f"SeekIndex.load({path!r}): it holds {nodes.n:,} prefix-tree nodes, over "
                 f"max_nodes={max_nodes:,}. Pass a larger max_nodes to load it."
             )
-        from jaxrescore.index.rows import RowChunk
-
         chunks = [RowChunk(arrays["row_ids"].astype(np.int64), dense=arrays["rows"].astype(np.float32))]
         if "sparse_ids" in arrays:
             chunks.append(RowChunk(
@@ -213,59 +211,57 @@ def load_index(cls, path, model, *, progress=None, chunk_rows=4096, max_nodes=No
             ))
             if chunks[1].ptr.shape != (chunks[1].size + 1,) or int(chunks[1].ptr[-1]) != chunks[1].tok.size:
                 raise IndexError("sparse rows with inconsistent offsets")
-        index._chunks = [c for c in chunks if c.size]
-        index._n_rows = int(sum(c.size for c in index._chunks))
-        index._width = max([c.width for c in index._chunks], default=0)
-        index._root_row = arrays["root_row"] if arrays["root_row"].size else None
-        index._budget = int(header["budget"])
-        index._frontier_min = int(header["frontier_min"])
-        index._cut_min = int(header["cut_min"])
-        index._length_cut_min = int(header["length_cut_min"])
-        index._dropped = _dropped_value(header["dropped"])
-        index.forwards = int(header["forwards"])
-        index.builds = int(header["builds"])
-        _check_buckets(path, header, index)
-        index._rank()
+        state = with_chunks(empty_state(), chunks)._replace(
+            nodes=nodes,
+            root_row=arrays["root_row"] if arrays["root_row"].size else None,
+            budget=int(header["budget"]),
+            frontier_min=int(header["frontier_min"]),
+            cut_min=int(header["cut_min"]),
+            length_cut_min=int(header["length_cut_min"]),
+            dropped=_dropped_value(header["dropped"]),
+            forwards=int(header["forwards"]),
+            builds=int(header["builds"]),
+        )
+        state = rank(_checked_buckets(path, header, cfg, state))
     except (KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{path} is an inconsistent SeekIndex file: {e!r}") from None
-    _check_sampled_rows(path, index, model)
-    return index
+    _check_sampled_rows(path, state, model)
+    return cfg, state
 
 
-def _check_buckets(path: str, header: dict, index) -> None:
+def _checked_buckets(path: str, header: dict, cfg: SeekSettings, state: SeekState) -> SeekState:
     """Bucket values in range; a version-2 file gets its frontier recomputed from the kept rows.
 
     Version 2 summed unsaturated step buckets: a step below about -1e18 nats overflowed int64 (a
     negative bucket: refused, as its order is wrong) and one near -1e17 nats could pass for "no
     bucket", hiding a child beyond the budget (recomputing the frontier restores it)."""
-    from jaxrescore.quantize import NO_BUCKET
-
-    fb = index._nodes.fb
-    values = [index._frontier_min, index._cut_min, index._length_cut_min]
-    if (fb.size and (fb.min() < 0 or fb.max() > max(index._budget, 0))) or min(values) < 0 or max(values) > NO_BUCKET:
+    fb = state.nodes.fb
+    values = [state.frontier_min, state.cut_min, state.length_cut_min]
+    if (fb.size and (fb.min() < 0 or fb.max() > max(state.budget, 0))) or min(values) < 0 or max(values) > NO_BUCKET:
         raise ValueError(
             f"{path} holds bucket values out of range (a negative or oversized fine bucket): it was written "
             "by a version whose bucket arithmetic overflowed on log-probs far below -1e17, or it is damaged; "
             "rebuild the index"
         )
-    if index._budget > index._max_budget:
+    if state.budget > max_budget(cfg):
         raise ValueError(f"{path} is an inconsistent SeekIndex file: budget beyond its max_depth_bits")
     if header["version"] == PREVIOUS:
-        if index._dropped and index._cut_min >= NO_BUCKET:
+        if state.dropped and state.cut_min >= NO_BUCKET:
             raise ValueError(
                 f"{path} reports branch_cap drops without their bucket (a version-2 overflow); rebuild the index"
             )
-        index._frontier_min = index._frontier_from_rows()
+        state = state._replace(frontier_min=frontier_from_rows(cfg, state))
+    return state
 
 
-def _check_sampled_rows(path: str, index, model) -> None:
+def _check_sampled_rows(path: str, state: SeekState, model) -> None:
     """Re-ask ``model`` for up to ``CHECK_ROWS`` stored next-token rows, spread over the build order
     (so over depths), in one call: a draft that merely agrees at the root is refused too."""
-    for chunk in index._chunks:
-        _check_chunk(path, index, model, chunk)
+    for chunk in state.chunks:
+        _check_chunk(path, state, model, chunk)
 
 
-def _check_chunk(path: str, index, model, chunk) -> None:
+def _check_chunk(path: str, state: SeekState, model, chunk) -> None:
     ids = chunk.ids
     if ids.size == 0:
         return
@@ -279,7 +275,7 @@ def _check_chunk(path: str, index, model, chunk) -> None:
         rows[r, tok] = val
     else:
         rows = chunk.dense[pick]
-    toks, lens = index.decode(ids[pick])
+    toks, lens = decode(state.nodes, ids[pick])
     prefixes = np.zeros((bucket_size(pick.size), bucket_size(max(toks.shape[1], 1))), np.int32)
     prefixes[: pick.size, : toks.shape[1]] = toks
     lengths = np.zeros(prefixes.shape[0], np.int32)
