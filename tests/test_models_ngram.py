@@ -153,9 +153,9 @@ def test_rows_without_the_dense_cache_match_steps_and_share_backed_off_contexts(
     """Past the dense cache (forced here), a row is built from the sparse levels: prefixes that
     back off to the same seen context get the same row (built once), every row agrees bit for
     bit with the per-step log-probs, and rows sum to one."""
-    from jaxrescore.models import ngram
+    from jaxrescore.models.ngram import lookup
 
-    monkeypatch.setattr(ngram, "DENSE_CELLS", 0)
+    monkeypatch.setattr(lookup, "DENSE_CELLS", 0)
     rng = np.random.default_rng(3)
     seqs = [tuple(int(t) for t in rng.integers(1, 40, size=rng.integers(1, 7))) + (0,) for _ in range(300)]
     m = NGramLM.fit(seqs, order=4, vocab_size=40, eos=0)
@@ -197,10 +197,10 @@ def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch,
     out (at least the largest, below the threshold), with or without the dense cache, for a
     fitted model and one of a dense table with zeros."""
     from jaxrescore.index.seek.rows import RowChunk
-    from jaxrescore.models import ngram
+    from jaxrescore.models.ngram import lookup
 
     if not dense_cache:
-        monkeypatch.setattr(ngram, "DENSE_CELLS", 0)
+        monkeypatch.setattr(lookup, "DENSE_CELLS", 0)
     rng = np.random.default_rng(5)
     seqs = [tuple(int(t) for t in rng.zipf(1.3, size=rng.integers(1, 7)) % 59 + 1) + (0,) for _ in range(400)]
     fitted = NGramLM.fit(seqs, order=4, vocab_size=60, eos=0)
@@ -221,7 +221,7 @@ def test_rows_above_a_threshold_are_the_sparsified_rows_bit_for_bit(monkeypatch,
         assert (rest < thr)[np.isfinite(thr)].all()  # and never claims a cell the threshold keeps
         assert np.isneginf(rest[np.isneginf(thr)]).all()  # a -inf threshold keeps every finite cell
         with monkeypatch.context() as mp:  # rows in blocks of a few candidates: the same answer
-            mp.setattr(ngram, "CANDIDATE_CELLS", 5)
+            mp.setattr(lookup, "CANDIDATE_CELLS", 5)
             for got, exp in zip(m.next_logprobs_above(arr, lens, thr), (ptr, tok, val, rest)):
                 np.testing.assert_array_equal(got, exp)
     with pytest.raises(ValueError, match="thresholds"):

@@ -49,6 +49,12 @@ def padded_min_rows(weight_bytes: int) -> int:
     return max(1, min(MAX_MIN_ROWS, 1 << (rows.bit_length() - 1) if rows else 1))
 
 
+def length_bucket(length: int, max_len: int) -> int:
+    """The padded width of a call for sequences of up to ``length`` tokens: a power of two (>= 8)
+    capped at ``max_len``."""
+    return min(bucket_size(max(length, 1), 8), max_len)
+
+
 class DeviceBatched:
     """Host-side batching of a device-backed model (see the module docstring).
 

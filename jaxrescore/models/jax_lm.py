@@ -38,12 +38,12 @@ from jax.sharding import Mesh
 
 from jaxrescore._checks import check_int
 from jaxrescore.models.base import check_support
-from jaxrescore.models.batching import DeviceBatched
+from jaxrescore.models.batching import DeviceBatched, length_bucket
 from jaxrescore.models.checks import check_nan, check_prefixes, check_tokens
 from jaxrescore.models.mesh import check_mesh
 from jaxrescore.models.prompt import PromptableMixin
 from jaxrescore.models.scores import FULL_ROWS_MAX_VOCAB, StepScored, clipped_log_softmax
-from jaxrescore.sequences import SequenceBatch, as_sequence_batch, bucket_size
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, PyTree, Sequences
 
 
@@ -128,7 +128,7 @@ class JaxLM(DeviceBatched, StepScored, PromptableMixin):
     def length_bucket(self, length: int) -> int:
         """The padded width for sequences of up to ``length`` tokens: a power of two (>= 8)
         capped at ``max_len``."""
-        return min(bucket_size(max(length, 1), 8), self.max_len)
+        return length_bucket(length, self.max_len)
 
     def teacher_inputs(self, batch: SequenceBatch, width: int) -> tuple[np.ndarray, np.ndarray]:
         """``([BOS] + tokens)[:, :width]`` and ``tokens[:, :width]``, both int32[N, width], with
