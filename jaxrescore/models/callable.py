@@ -28,7 +28,6 @@ model's ``score_tolerance`` is 0.1 nats (see :mod:`jaxrescore.models.scores`).
 
 from __future__ import annotations
 
-import copy
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,7 +35,7 @@ from jax.sharding import Mesh
 
 from jaxrescore._checks import check_bool, check_int
 from jaxrescore.models.checks import is_float_dtype
-from jaxrescore.models.mesh import check_mesh, mesh_context, shard_batch
+from jaxrescore.models.mesh import mesh_context, shard_batch, with_recorded_mesh
 from jaxrescore.models.scores import (
     BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
@@ -111,10 +110,7 @@ class CallableModel(PromptableMixin):
         ``jax.set_mesh`` of the mesh's ``Auto`` version; so a jitted JAX ``fn`` runs data-parallel.
         A per-prefix ``fn`` runs on the host as before. ``shard_params`` is accepted for a uniform
         interface; a function has no weights the library could split. ``None``: no mesh."""
-        check_bool(shard_params, "shard_params")
-        other = copy.copy(self)
-        other.mesh = check_mesh(mesh)
-        return other
+        return with_recorded_mesh(self, mesh, shard_params)
 
     @property
     def vocab_size(self) -> int:

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrescore._checks import check_choice
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.jax_lm import JaxLM
@@ -147,8 +148,7 @@ class Int8TransformerLM(JaxLM):
     def __init__(
         self, config: TransformerConfig, qparams: PyTree, *, activations: str = "int8", mesh: Mesh | None = None
     ):
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        activations = check_choice(activations, "activations", ACTIVATIONS)
         self.config = config
         self.activations = activations
         super().__init__(
@@ -210,8 +210,7 @@ def quantize_int8(model: TransformerLM | ApplyFnLM, *, activations: str = "int8"
       activations: for a TransformerLM, ``"int8"`` (W8A8 integer matmuls, the default) or
         ``"float"`` (weight-only); ignored for an apply-fn model.
     """
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    activations = check_choice(activations, "activations", ACTIVATIONS)
     if isinstance(model, TransformerLM):
         qparams = jax.tree_util.tree_map_with_path(_quantize_leaf, model.params)
         return Int8TransformerLM(model.config, qparams, activations=activations, mesh=model.mesh)

@@ -11,10 +11,13 @@ results as one device, to float noise.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from jaxrescore._checks import check_bool
 
 
 def check_mesh(mesh) -> Mesh | None:
@@ -72,3 +75,12 @@ def shard_batch(x: np.ndarray, mesh: Mesh | None):
         return x
     mesh = auto_mesh(mesh)
     return jax.device_put(x, NamedSharding(mesh, PartitionSpec(mesh.axis_names)))
+
+
+def with_recorded_mesh(model, mesh: Mesh | None, shard_params):
+    """A shallow copy of ``model`` with ``mesh`` (checked) as its ``mesh``: ``with_mesh`` of a
+    model without weights to place (``shard_params`` is checked for a uniform interface)."""
+    check_bool(shard_params, "shard_params")
+    other = copy.copy(model)
+    other.mesh = check_mesh(mesh)
+    return other

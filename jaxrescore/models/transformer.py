@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh
 from flax import nnx
 
-from jaxrescore.models.base import check_int
+from jaxrescore._checks import check_choice, check_float, check_int
 from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
@@ -72,16 +71,10 @@ class TransformerConfig:
             )
         check_int(self.d_ff, "TransformerConfig.d_ff", minimum=1, allow_none=True)
         check_int(self.eos, "TransformerConfig.eos", minimum=0, maximum=self.vocab_size, allow_none=True)
-        if (
-            isinstance(self.dropout, (bool, np.bool_))
-            or not isinstance(self.dropout, numbers.Real)
-            or not 0.0 <= self.dropout < 1.0
-        ):
-            raise ValueError(f"TransformerConfig.dropout must be a number in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.positions, str) or self.positions not in ("learned", "sinusoidal"):
-            raise ValueError(
-                f"TransformerConfig.positions must be 'learned' or 'sinusoidal', got {self.positions!r}"
-            )
+        # 1 would drop every activation in training
+        if check_float(self.dropout, "TransformerConfig.dropout", minimum=0.0, maximum=1.0) == 1.0:
+            raise ValueError("TransformerConfig.dropout must be a number in [0, 1), got 1.0")
+        check_choice(self.positions, "TransformerConfig.positions", ("learned", "sinusoidal"))
 
     @property
     def compute_dtype(self):

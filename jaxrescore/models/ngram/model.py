@@ -10,17 +10,16 @@ run on the host (a table model has no forward to split).
 
 from __future__ import annotations
 
-import copy
 from typing import Sequence
 
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore._checks import check_bool, check_int
+from jaxrescore._checks import check_int
 from jaxrescore.models.base import check_support
 from jaxrescore.models.batching import length_bucket
 from jaxrescore.models.checks import check_prefixes, check_tokens
-from jaxrescore.models.mesh import check_mesh
+from jaxrescore.models.mesh import check_mesh, with_recorded_mesh
 from jaxrescore.models.ngram import lookup
 from jaxrescore.models.ngram.fit import check_corpus, fit_levels
 from jaxrescore.models.ngram.tables import NGramLevel, NGramTables, build_tables, levels_from_dense
@@ -71,10 +70,7 @@ class NGramLM(StepScored, PromptableMixin):
     def with_mesh(self, mesh: Mesh | None, *, shard_params: bool = False) -> "NGramLM":
         """A copy sharing the tables that records ``mesh`` (lookups still run on the host: a table
         model has no forward to split). ``shard_params`` is accepted for a uniform interface."""
-        check_bool(shard_params, "shard_params")
-        other = copy.copy(self)
-        other.mesh = check_mesh(mesh)
-        return other
+        return with_recorded_mesh(self, mesh, shard_params)
 
     @property
     def levels(self) -> tuple:
