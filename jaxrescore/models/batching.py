@@ -10,9 +10,9 @@ result is read, so the host pads chunk ``i + 1`` while the device computes chunk
 The minimum padded batch follows the model's size (:func:`padded_min_rows`): a padding row costs
 a forward through every weight, so the padding a call may add is bounded in weight bytes. A small
 model pads small calls to 32 rows (a few wasted rows cost far less than a compile per distinct
-small batch size); a large one pads to the next power of two from 1 (a batch of 8 no longer pays
-for 32 rows: ~4x the cost per token, BENCHMARKS.md "Small batches"). ``min_rows`` set on a model
-overrides the rule.
+small batch size); a larger one pads to fewer, down to the next power of two from 1 above 64 MiB
+of weights (a batch of 8 no longer pays for 32 rows: ~4x the cost per token, BENCHMARKS.md
+"Small batches"). ``min_rows`` set on a model overrides the rule.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def padded_min_rows(weight_bytes: int) -> int:
     """The fewest rows a device call is padded to for a model of ``weight_bytes``: the largest
     power of two with ``rows * weight_bytes <= PADDING_BYTES``, between 1 and ``MAX_MIN_ROWS``."""
     rows = PADDING_BYTES // max(int(weight_bytes), 1)
-    return max(1, min(MAX_MIN_ROWS, 1 << (rows.bit_length() - 1) if rows else 1))
+    return 1 if rows < 1 else min(MAX_MIN_ROWS, 1 << (rows.bit_length() - 1))
 
 
 def length_bucket(length: int, max_len: int) -> int:
