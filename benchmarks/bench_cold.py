@@ -37,8 +37,8 @@ logging.getLogger("jax").setLevel(logging.DEBUG)
 import jaxrescore
 if __import__("os").environ.get("BENCH_CACHE"):
     jaxrescore.enable_compilation_cache(__import__("os").environ["BENCH_CACHE"])
-from jaxrescore.demo import fit_draft, load_target
-target, draft = load_target(), fit_draft()
+from jaxrescore.data.names_models import names_draft, names_target
+target, draft = names_target(), names_draft()
 index = jaxrescore.SeekIndex(draft, progress=False)
 n0 = len(compiles)
 t = time.perf_counter()

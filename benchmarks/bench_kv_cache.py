@@ -104,13 +104,13 @@ def seek_rows(cases, repeats):
 
 
 def run(quick: bool = False, out_dir: str | None = None) -> str:
-    from jaxrescore.demo import load_target
+    from jaxrescore.data.names_models import names_target
 
     repeats = 1 if quick else 3
     prompt_lens = [4, 64] if quick else [4, 16, 64, 128, 256, 512]
     d_model, layers, rows = (64, 2, 32) if quick else (128, 4, 64)
     cfg, rows1 = prompt_rows(prompt_lens, d_model, layers, rows, repeats)
-    names = load_target()
+    names = names_target()
     rng = np.random.default_rng(1)
     rand = TransformerLM(TransformerConfig(vocab_size=28, d_model=128, n_layers=4, n_heads=4, max_len=96, eos=0), seed=1)
     # random weights give nearly uniform rows; a 4x sharper head gives a draft-like spread

@@ -23,7 +23,7 @@ from common import have_mixle, reference_note, section, table, timed
 
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data.names import EOS
-from jaxrescore.demo import fit_draft, load_target
+from jaxrescore.data.names_models import names_draft, names_target
 
 COMMAND = "python3 benchmarks/run.py --only latency"
 
@@ -51,7 +51,7 @@ def mixle_index(draft, bits):
 
 
 def latency_rows(extents, repeats, with_mixle):
-    target, draft = load_target(), fit_draft()
+    target, draft = names_target(), names_draft()
     t = time.perf_counter()
     ours = SeekIndex(draft, progress=False).ensure_count(max(extents) + 64)
     build_ours = time.perf_counter() - t
@@ -99,7 +99,7 @@ def latency_rows(extents, repeats, with_mixle):
 
 
 def sweep_rows(n_queries, repeats):
-    target, draft = load_target(), fit_draft()
+    target, draft = names_target(), names_draft()
     index = SeekIndex(draft, progress=False).ensure_count(2000)
     rng = np.random.default_rng(0)
     starts = rng.integers(0, 50, n_queries).tolist()

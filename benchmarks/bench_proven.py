@@ -19,7 +19,8 @@ from common import Counting, section, table, timed
 
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data.names import encode, load_names
-from jaxrescore.demo import GAP_MARGIN, PROVE_WINDOW, fit_draft, load_target
+from jaxrescore.data.names_models import names_draft, names_target
+from jaxrescore.demo.defaults import GAP_MARGIN, PROVE_WINDOW
 from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.rescore import estimate_top_gap
 from jaxrescore.models.scores import FLOAT32_TOLERANCE, TABLE_TOLERANCE
@@ -28,7 +29,7 @@ COMMAND = "python3 benchmarks/run.py --only proven"
 
 
 def _models(prefix):
-    target, draft = load_target(), fit_draft()
+    target, draft = names_target(), names_draft()
     if prefix:
         p = encode(prefix, eos=False)
         target, draft = target.with_prompt(p), draft.with_prompt(p)

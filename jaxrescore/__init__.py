@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from jaxrescore._version import package_version as _package_version
+
 # name -> the module that defines it.
 _EXPORTS = {
     "AREnvelopeIndex": "jaxrescore.index",
@@ -53,30 +55,6 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def _package_version() -> str:
-    """The installed distribution's version (its metadata); running from a source tree that was
-    never installed, the version in the tree's ``pyproject.toml``."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("jaxrescore")
-    except metadata.PackageNotFoundError:
-        pass
-    import pathlib
-    import tomllib
-
-    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
-    try:
-        with pyproject.open("rb") as f:
-            project = tomllib.load(f)["project"]
-        if project.get("name") == "jaxrescore":
-            return str(project["version"])
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        pass
-    return "0+unknown"
-
 
 __version__ = _package_version()
 

@@ -1,6 +1,7 @@
 """The ``jaxrescore`` command: ``demo`` (the main job), ``enumerate`` and ``train``.
 
-Argument parsing and printing only; the work lives in :mod:`jaxrescore.demo`. Conventions:
+Argument parsing and printing only; the work lives in :mod:`jaxrescore.demo`, which checks the
+values (argparse here only turns text into numbers). Conventions:
 
 - ``jaxrescore --help`` and ``--version`` answer without importing jax or flax (the parser
   imports nothing heavy; the work is imported once a command runs);
@@ -22,14 +23,19 @@ import os
 import sys
 from pathlib import Path
 
+from jaxrescore._version import package_version
+from jaxrescore.demo.defaults import (
+    DEFAULT_CORPUS_ORDER,
+    DEFAULT_K,
+    TRAIN_BATCH,
+    TRAIN_MIN_STEPS,
+    TRAIN_SEED,
+    TRAIN_STEPS,
+)
+
 USAGE_ERROR = 2
 RUN_ERROR = 1
-# Kept here (not imported from jaxrescore.demo) so that building the parser imports nothing.
-TRAIN_STEPS = 7000
-TRAIN_MIN_STEPS = 3  # one step per learning-rate phase (jaxrescore.demo.TRAIN_PHASES)
-TRAIN_SEED = 0
 NO_CACHE_ENV = "JAXRESCORE_COMPILE_CACHE"
-DEFAULT_CORPUS_ORDER = 3
 
 
 class UsageError(Exception):
@@ -42,64 +48,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-def version() -> str:
-    """The installed package's version, read from its metadata (no jax import)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("jaxrescore")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def _int_at_least(minimum: int, what: str):
-    """An argparse type: an integer >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "an integer >= 0")
-
-
-def _gap(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a finite number >= 0 (nats), got {text!r}"
-        ) from None
-    if not (value >= 0.0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (nats), got {text!r}")
-    return value
-
-
 def _token_list(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers (the models check they are token ids)."""
     try:
-        tokens = tuple(int(t) for t in text.split(",") if t.strip())
+        return tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated token ids like 3,1,4, got {text!r}"
         ) from None
-    if any(t < 0 for t in tokens):
-        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
-    return tokens
 
 
 def _add_query_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=_positive_int, default=25, help="how many sequences (default 25)")
+    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"how many sequences (default {DEFAULT_K})")
     p.add_argument(
         "--window",
-        type=_non_negative_int,
+        type=int,
         default=None,
         help="extra draft candidates rescored by the target in a query's first round (default: 32 "
         "for the proven search; for the gap-certified query a 64-wide first query grown until it "
@@ -125,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the target scores them, and the answer is proven exact.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"jaxrescore {version()}")
+    parser.add_argument("--version", action="version", version=f"jaxrescore {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser(
@@ -139,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query_args(p)
     p.add_argument(
         "--gap",
-        type=_gap,
+        type=float,
         default=None,
         help="assumed max target - draft log-prob gap in nats for the gap-certified query "
         "(default: the max observed on common names and target samples the target rates near or "
@@ -170,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         "TAB and a count; text read with the target's vocabulary, else token ids",
     )
     p.add_argument(
-        "--draft-order", type=_positive_int, default=DEFAULT_CORPUS_ORDER, metavar="N",
+        "--draft-order", type=int, default=DEFAULT_CORPUS_ORDER, metavar="N",
         help=f"order of the n-gram fitted with --draft-corpus (default {DEFAULT_CORPUS_ORDER})",
     )
     _add_query_args(p)
     p.add_argument(
-        "--gap", type=_gap, default=None,
+        "--gap", type=float, default=None,
         help="assumed max target - draft gap (nats) for a gap-certified query too; none = proof only"
     )
     prompt = p.add_mutually_exclusive_group()
@@ -186,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="retrain the demo's target transformer on the shipped names",
-        description="Retrain the demo target from scratch: 7000 adamw steps of 256 names sampled "
-        "by birth count in three learning-rate phases, about 9 minutes on 2 CPU cores, with one "
+        description=f"Retrain the demo target from scratch: {TRAIN_STEPS} adamw steps of "
+        f"{TRAIN_BATCH} names sampled by birth count in three learning-rate phases, about 9 minutes on 2 CPU cores, with one "
         "progress bar and its time left on a terminal. The output path is checked before training "
         "starts. Use the result with 'jaxrescore demo --target PATH'.",
         epilog=EPILOG,
@@ -204,13 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow --out to be the weights shipped inside the package (replaces the demo's target)",
     )
     p.add_argument(
-        "--steps", type=_int_at_least(TRAIN_MIN_STEPS, f"an integer >= {TRAIN_MIN_STEPS}"),
-        default=TRAIN_STEPS, metavar="N",
+        "--steps", type=int, default=TRAIN_STEPS, metavar="N",
         help=f"optimisation steps in all, at least {TRAIN_MIN_STEPS} (one per learning-rate phase; "
         f"default {TRAIN_STEPS})",
     )
     p.add_argument(
-        "--seed", type=_non_negative_int, default=TRAIN_SEED, metavar="N",
+        "--seed", type=int, default=TRAIN_SEED, metavar="N",
         help=f"initialisation and batch-sampling seed, an integer >= 0 (default {TRAIN_SEED}; the "
         "same steps and seed give the same weights on one platform)",
     )
@@ -252,7 +214,8 @@ class Status:
 
 
 def _run(args, status: Status) -> int:
-    from jaxrescore import demo
+    from jaxrescore.demo import enumerate as enumerate_command
+    from jaxrescore.demo import names, report, train
 
     as_json = getattr(args, "json", False)
 
@@ -264,30 +227,32 @@ def _run(args, status: Status) -> int:
         return None if as_json else shown
 
     if args.command == "train":
-        path = demo.check_train_output(args.out, force=args.force)  # before minutes of training
+        path = train.check_train_arguments(  # before minutes of training
+            args.out, steps=args.steps, seed=args.seed, force=args.force
+        )
         if status.enabled:
             print(f"jaxrescore: training the demo target for {args.steps} steps, then writing {path}",
                   file=sys.stderr)
-        path = demo.train_demo_target(
+        path = train.train_demo_target(
             out=path, steps=args.steps, seed=args.seed, progress=status.enabled, force=args.force
         )
         print(f"wrote {path}\nuse it with: jaxrescore demo --target {path}")
         return 0
     if args.command == "demo":
-        result = demo.run_demo(
+        result = names.run_demo(
             k=args.k, window=args.window, gap=args.gap, prefix=args.prefix, target_path=args.target,
-            progress=status.enabled, on_stage=status, on_answer=show_answer(demo.format_demo_answer),
+            progress=status.enabled, on_stage=status, on_answer=show_answer(report.format_demo_answer),
         )
-        details = demo.format_demo_details
+        details = report.format_demo_details
     else:
-        result = demo.run_enumerate(
+        result = enumerate_command.run_enumerate(
             target_path=args.target, draft_path=args.draft, draft_corpus=args.draft_corpus,
             draft_order=args.draft_order, k=args.k, window=args.window, gap=args.gap,
             prompt=args.prompt, prompt_text=args.prompt_text, bits=args.bits,
             progress=status.enabled, on_stage=status,
-            on_answer=show_answer(demo.format_enumerate_answer),
+            on_answer=show_answer(report.format_enumerate_answer),
         )
-        details = demo.format_enumerate_details
+        details = report.format_enumerate_details
     status.clear()
     print(json.dumps(result) if as_json else details(result))
     return 0
@@ -304,14 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return USAGE_ERROR
-    from jaxrescore import demo
+    from jaxrescore.demo.args import DemoArgumentError
 
     enable_compilation_cache()
     # Stage messages and bars only where someone watches them: not into a pipe or a log file.
     status = Status(sys.stderr.isatty())
     try:
         return _run(args, status)
-    except (demo.DemoArgumentError, FileNotFoundError, IsADirectoryError) as err:
+    except (DemoArgumentError, FileNotFoundError, IsADirectoryError) as err:
         status.clear()
         print(f"jaxrescore {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return USAGE_ERROR

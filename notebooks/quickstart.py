@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.data import decode, encode, load_names, name_ranks
-from jaxrescore.demo import fit_draft, load_target
+from jaxrescore.data.names_models import names_draft, names_target
 from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.rescore import estimate_top_gap
 
@@ -60,8 +60,8 @@ print(len(names), "names; the commonest:", names[:5])
 print("encode('mary') =", encode("mary"))
 
 t0 = time.perf_counter()
-draft = fit_draft()  # interpolated Kneser-Ney character 6-gram, weighted by birth count
-target = load_target()  # the shipped TransformerLM
+draft = names_draft()  # interpolated Kneser-Ney character 6-gram, weighted by birth count
+target = names_target()  # the shipped TransformerLM
 print(f"draft {draft!r}\ntarget {target!r} ({target.n_params} parameters); {time.perf_counter() - t0:.1f} s")
 
 # %% [markdown]

@@ -2,7 +2,7 @@
 
     python scripts/train_demo.py [--steps 7000] [--seed 0]
 
-The same code as ``jaxrescore train`` (:func:`jaxrescore.demo.train_demo_target`), writing to
+The same code as ``jaxrescore train`` (:func:`jaxrescore.demo.train.train_demo_target`), writing to
 ``jaxrescore/data/names_target.npz`` with ``--force`` (``jaxrescore train`` alone never writes
 into the package). Pass ``--out PATH`` to write elsewhere instead.
 """
@@ -10,7 +10,7 @@ into the package). Pass ``--out PATH`` to write elsewhere instead.
 import sys
 
 from jaxrescore.cli import main
-from jaxrescore.demo import shipped_target_path
+from jaxrescore.data.names_models import shipped_target_path
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -307,7 +307,7 @@ def _flip(src, dst, offset):
 
 @pytest.mark.parametrize("which", ["v2", "shipped v1"])
 def test_flipped_bytes_give_one_error_naming_the_file(tmp_path, which):
-    from jaxrescore.demo import shipped_target_path
+    from jaxrescore.data.names_models import shipped_target_path
 
     if which == "v2":
         src = tmp_path / "m.npz"

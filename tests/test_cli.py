@@ -22,7 +22,7 @@ def run_json(capsys, *argv):
 @pytest.fixture(scope="module")
 def demo_json():
     """One default demo run (k=25, estimated gap, escalating window), shared by the tests."""
-    from jaxrescore.demo import run_demo
+    from jaxrescore.demo.names import run_demo
 
     return run_demo(progress=False)
 
@@ -100,7 +100,7 @@ def test_demo_prefix(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["demo", "--k", "0"], "positive integer"),
+        (["demo", "--k", "0"], "k must be an integer >= 1"),
         (["demo", "--window", "-3"], "integer >= 0"),
         (["demo", "--gap", "-1"], "finite number >= 0"),
         (["demo", "--gap", "nan"], "finite number >= 0"),
@@ -116,7 +116,7 @@ def test_demo_prefix(capsys):
         (["enumerate", "--target", "x", "--draft", "y", "--bits", "-1"], "bits must be"),
         (["enumerate", "--target", "x"], "one of the arguments --draft --draft-corpus is required"),
         (["enumerate", "--target", "x", "--draft", "y", "--draft-corpus", "z"], "not allowed with"),
-        (["enumerate", "--target", "x", "--draft", "y", "--draft-order", "0"], "positive integer"),
+        (["enumerate", "--target", "x", "--draft", "y", "--draft-order", "0"], "draft_order must be an integer >= 1"),
         (["enumerate", "--target", "x", "--draft", "y", "--prompt", "1", "--prompt-text", "a"], "not allowed"),
         (["train", "--out", "/"], "is a folder"),
     ],
@@ -183,7 +183,7 @@ def test_enumerate_prompt_and_table(capsys, tiny_models):
 def test_proven_names_meet_the_bar(k, prefix):
     """At most 8 target calls, fewer target sequences than best-first needs prefix forwards, and
     the same answer as exact best-first search over the target."""
-    from jaxrescore.demo import run_demo
+    from jaxrescore.demo.names import run_demo
 
     out = run_demo(k=k, prefix=prefix, progress=False, certify=False)
     assert out["proven"] is True, out["proof_reason"]
@@ -245,12 +245,16 @@ def test_help_does_not_import_jax():
     assert "JAX False False" in proc.stdout, proc.stdout[-300:] + proc.stderr[-300:]
 
 
-def test_cli_and_demo_agree_on_training_defaults():
-    from jaxrescore import cli, demo
+def test_the_parser_defaults_are_the_demo_defaults():
+    from jaxrescore.cli import build_parser
+    from jaxrescore.demo import defaults
 
-    assert (cli.TRAIN_STEPS, cli.TRAIN_SEED, cli.DEFAULT_CORPUS_ORDER) == (
-        demo.TRAIN_STEPS, demo.TRAIN_SEED, demo.DEFAULT_CORPUS_ORDER)
-    assert cli.TRAIN_MIN_STEPS == len(demo.TRAIN_PHASES)
+    parser = build_parser()
+    train = parser.parse_args(["train"])
+    assert (train.steps, train.seed) == (defaults.TRAIN_STEPS, defaults.TRAIN_SEED)
+    own = parser.parse_args(["enumerate", "--target", "t", "--draft-corpus", "c"])
+    assert (own.k, own.draft_order) == (defaults.DEFAULT_K, defaults.DEFAULT_CORPUS_ORDER)
+    assert defaults.TRAIN_MIN_STEPS == len(defaults.TRAIN_PHASES)
 
 
 def help_text(*argv) -> str:
@@ -312,7 +316,7 @@ def test_train_out_in_a_missing_folder_is_refused_and_creates_nothing(capsys, tm
 def test_training_shows_one_bar_over_every_phase(tmp_path, capsys):
     """One tqdm bar with a total (so an ETA) over the three learning-rate phases, the running
     loss on it; no per-phase bars."""
-    from jaxrescore.demo import train_demo_target
+    from jaxrescore.demo.train import train_demo_target
     from jaxrescore.models import training
 
     original = training.tqdm
@@ -324,7 +328,8 @@ def test_training_shows_one_bar_over_every_phase(tmp_path, capsys):
 
 
 def test_demo_streams_the_answer_before_the_comparisons():
-    from jaxrescore.demo import format_demo_answer, run_demo
+    from jaxrescore.demo.names import run_demo
+    from jaxrescore.demo.report import format_demo_answer
 
     events = []
     out = run_demo(
@@ -374,7 +379,7 @@ def corpus_files(tmp_path_factory):
 
 
 def test_enumerate_decodes_text_and_fits_an_ngram_draft_from_a_corpus(capsys, corpus_files):
-    from jaxrescore.demo import shipped_target_path
+    from jaxrescore.data.names_models import shipped_target_path
 
     names, _, _ = corpus_files
     target = str(shipped_target_path())
@@ -449,7 +454,8 @@ def test_a_corrupted_model_file_is_one_line_exit_2(capsys, tmp_path, tiny_models
 
 @pytest.mark.slow
 def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkeypatch):
-    from jaxrescore.demo import check_train_output, default_train_path, shipped_target_path, target_config
+    from jaxrescore.data.names_models import names_target_config, shipped_target_path
+    from jaxrescore.demo.train import check_train_output, default_train_path
     from jaxrescore.models.checkpoint import load_model
 
     shipped = shipped_target_path()
@@ -466,7 +472,7 @@ def test_train_never_writes_into_the_package_by_default(capsys, tmp_path, monkey
     assert main(["train", "--steps", "3"]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     model = load_model(path)
-    assert model.config == target_config() and model.vocabulary[:3] == ("a", "b", "c")
+    assert model.config == names_target_config() and model.vocabulary[:3] == ("a", "b", "c")
     assert shipped.read_bytes() == before
 
 

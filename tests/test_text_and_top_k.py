@@ -159,7 +159,7 @@ def test_indexes_print_short_lines():
 
 
 def test_the_shipped_names_target_stores_its_vocabulary():
-    from jaxrescore.demo import names_vocabulary, shipped_target_path
+    from jaxrescore.data.names_models import names_vocabulary, shipped_target_path
     from jaxrescore.models.checkpoint import load_model
 
     assert load_model(shipped_target_path()).vocabulary == names_vocabulary()
