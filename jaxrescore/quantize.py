@@ -32,11 +32,12 @@ All arithmetic here is float64/int64 on the host: the index sums the very values
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from jaxrescore._checks import check_float, check_int
 
 LN2 = math.log(2.0)
 # Absorbs float noise so that a step of exactly k/scale bits lands in bucket k, not k-1.
@@ -67,23 +68,18 @@ class Quantizer:
     oversample: int = 8
 
     def __post_init__(self):
-        bw = self.bin_width_bits
-        if isinstance(bw, bool) or not isinstance(bw, numbers.Real):
-            raise TypeError(f"bin_width_bits must be a positive finite number, got {bw!r}")
-        if not (math.isfinite(float(bw)) and float(bw) > 0):
-            raise ValueError(f"bin_width_bits must be a positive finite number, got {bw!r}")
-        ov = self.oversample
-        if isinstance(ov, bool) or not isinstance(ov, numbers.Integral) or not 1 <= ov <= 2**20:
-            raise ValueError(f"oversample must be an integer in [1, 2**20], got {ov!r}")
-        scale = int(ov) / float(bw)
+        bw = check_float(self.bin_width_bits, "bin_width_bits", minimum=0.0)
+        ov = check_int(self.oversample, "oversample", minimum=1, maximum=2**20 + 1)
+        # A zero width gives infinitely many buckets per bit: refused by the scale range below.
+        scale = ov / bw if bw > 0 else math.inf
         if not MIN_SCALE <= scale <= MAX_SCALE:
             raise ValueError(
-                f"bin_width_bits={bw!r} with oversample={int(ov)} gives {scale:.3g} fine buckets per bit; "
+                f"bin_width_bits={bw!r} with oversample={ov} gives {scale:.3g} fine buckets per bit; "
                 f"oversample / bin_width_bits must lie in [2**-20, 2**20], i.e. bin_width_bits in "
-                f"[{int(ov) / MAX_SCALE:.3g}, {int(ov) / MIN_SCALE:.3g}] for this oversample"
+                f"[{ov / MAX_SCALE:.3g}, {ov / MIN_SCALE:.3g}] for this oversample"
             )
-        object.__setattr__(self, "bin_width_bits", float(bw))
-        object.__setattr__(self, "oversample", int(ov))
+        object.__setattr__(self, "bin_width_bits", bw)
+        object.__setattr__(self, "oversample", ov)
 
     @property
     def scale(self) -> float:
@@ -131,6 +127,5 @@ class Quantizer:
     def budget(self, bits: float) -> int:
         """The deepest fine bucket inside a budget of ``bits`` bits, for ``0 <= bits <=
         MAX_BUDGET_BITS`` (ValueError otherwise)."""
-        if isinstance(bits, bool) or not isinstance(bits, numbers.Real) or not 0 <= float(bits) <= MAX_BUDGET_BITS:
-            raise ValueError(f"bits must be a number in [0, {MAX_BUDGET_BITS:g}], got {bits!r}")
-        return int(math.floor(float(bits) * self.scale + TOL))
+        bits = check_float(bits, "bits", minimum=0.0, maximum=MAX_BUDGET_BITS)
+        return int(math.floor(bits * self.scale + TOL))

@@ -10,6 +10,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxrescore._checks import check_int
+
 PAD_ID = 0
 
 
@@ -101,9 +103,8 @@ def from_tuples(seqs: Iterable[Sequence[int]], *, length: int | None = None) -> 
         rows = [_int_tokens(s, f"sequence {i}") for i, s in enumerate(seqs)]
         flat = (np.concatenate([np.zeros(0, np.int64)] + rows), np.array([r.size for r in rows], np.int64))
     tokens, lens = flat
-    if length is not None and (isinstance(length, (bool, np.bool_)) or not isinstance(length, (int, np.integer))):
-        raise ValueError(f"length must be None or an integer, got {length!r}")
-    t = int(lens.max(initial=0)) if length is None else int(length)
+    length = check_int(length, "length", allow_none=True)
+    t = int(lens.max(initial=0)) if length is None else length
     t = max(t, 1)
     if lens.size and lens.max() > t:
         raise ValueError(f"length={length} is shorter than the longest sequence ({lens.max()})")

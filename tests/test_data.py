@@ -23,8 +23,9 @@ def test_names_are_clean_sorted_and_real():
 def test_min_count_filters_and_validates():
     assert all(c >= 10_000 for _, c in load_names(10_000))
     assert len(load_names(10_000)) < len(load_names())
-    with pytest.raises(TypeError, match="min_count"):
+    with pytest.raises(ValueError, match="min_count"):  # the one integer rule (jaxrescore._checks)
         load_names("5")
+    assert load_names(10_000.0) == load_names(10_000)
 
 
 def test_load_names_returns_a_fresh_list():
@@ -64,3 +65,20 @@ def test_encode_rejects_non_lowercase(bad):
 def test_decode_rejects_bad_tokens(bad):
     with pytest.raises(ValueError, match="not character ids"):
         decode(bad)
+
+
+def test_read_corpus_names_the_path_and_line(tmp_path):
+    from jaxrescore.data.corpus import read_corpus
+    from jaxrescore.data.names_models import names_target
+
+    target = names_target()
+    good = tmp_path / "names.tsv"
+    good.write_text("mary\t3\n\njohn\n")
+    seqs, weights = read_corpus(good, target)
+    assert seqs == [encode("mary"), encode("john")] and weights.tolist() == [3.0, 1.0]
+    for text, fragment in (("Mary\n", "names.tsv:1"), ("mary\t-1\n", "count '-1'"), ("mary\t0\n", "no sequence")):
+        good.write_text(text)
+        with pytest.raises(ValueError, match=fragment):
+            read_corpus(good, target)
+    with pytest.raises(FileNotFoundError, match="no corpus file"):
+        read_corpus(tmp_path / "missing.txt", target)

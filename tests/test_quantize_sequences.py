@@ -93,3 +93,11 @@ def test_sequence_batch_round_trip_and_padding():
     with pytest.raises(ValueError, match="lengths"):
         as_sequence_batch(SequenceBatch(np.zeros((2, 3), np.int32), np.array([1, 5], np.int32)))
     assert list(itertools.chain(*from_tuples([(7,)], length=4).tokens.tolist())) == [7, 0, 0, 0]
+
+
+def test_quantizer_and_from_tuples_follow_the_one_integer_rule():
+    """jaxrescore._checks: an integral float is an integer, a fractional one or a bool is not."""
+    assert Quantizer(oversample=4.0).oversample == 4 and isinstance(Quantizer(oversample=4.0).oversample, int)
+    assert from_tuples([(1, 2)], length=4.0).tokens.shape == (1, 4)
+    with pytest.raises(ValueError, match="bits"):
+        Quantizer().budget(float("nan"))

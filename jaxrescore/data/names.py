@@ -20,6 +20,8 @@ import gzip
 from importlib import resources
 from typing import Iterable
 
+from jaxrescore._checks import check_int
+
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 EOS = len(ALPHABET)
 VOCAB_SIZE = EOS + 1
@@ -46,8 +48,7 @@ def load_names(min_count: int = 1) -> list[tuple[str, int]]:
       min_count: keep only names with at least this many births (the file itself holds names
         with >= 50).
     """
-    if isinstance(min_count, bool) or not isinstance(min_count, int):
-        raise TypeError(f"min_count must be an int, got {type(min_count).__name__}")
+    min_count = check_int(min_count, "min_count", minimum=None)
     return [(n, c) for n, c in _read_names() if c >= min_count]
 
 
