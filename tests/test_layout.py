@@ -11,7 +11,7 @@ MAX_LINES = 600
 
 # Layers, bottom to top; a module imports only from its own layer's package or lower layers.
 LAYERS = [
-    {"_checks", "quantize", "sequences", "typing", "files", "compilation_cache"},
+    {"_checks", "_version", "quantize", "sequences", "typing", "files", "compilation_cache"},
     {"models"},
     {"index", "rescore", "baselines", "data"},
     {"quick", "demo"},
