@@ -391,3 +391,20 @@ def test_sweep_over_windows_does_not_recompile_per_window():
     # Pulls of 45..98 rows bucket to 64 and 128 rows: at most one new trace per row bucket and
     # query-count bucket, not one per window.
     assert TRACE_COUNTS["rescore_sweep"] - before <= 4
+
+
+def test_gap_refuted_is_the_certificates_own_evidence():
+    """``gap_refuted`` is the core's decision (excess above the gap by more than the target's
+    tolerance), None without a gap; a refuted gap never certifies."""
+    from brute import TableModel, as_model
+    from jaxrescore import SeekIndex
+
+    target = TableModel(4, 3, 1, eos=0, temperature=2.0)
+    draft = as_model(TableModel(4, 3, 2, eos=0))  # independent: target - draft is large somewhere
+    for gap, refuted in ((0.0, True), (50.0, False), (None, None)):
+        r = RescoredIndex(SeekIndex(draft), as_model(target), rerank_window=20, assumed_gap=gap).top_k(3)
+        assert r.gap_refuted is refuted
+        if refuted:
+            assert r.certified is False and "refuted" in r.reason
+        if gap is not None:
+            assert r.gap_refuted == (r.excess > gap + as_model(target).score_tolerance)

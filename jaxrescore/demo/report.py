@@ -58,7 +58,7 @@ def _certificate_verdict(cert: dict) -> str:
     if verdict and bound is None:
         return "certified: True — every sequence the draft can produce was scored"
     # A scored sequence above the assumed gap contradicts it, whatever the bound says.
-    if not verdict and cert.get("excess") is not None and cert["excess"] > gap:
+    if cert.get("gap_refuted"):
         return (
             f"certified: False — the assumed gap {gap:.3f} is contradicted: a scored sequence has "
             f"target - draft = {cert['excess']:.3f} nats"

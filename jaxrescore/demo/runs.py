@@ -60,6 +60,7 @@ def certified_top_k(index: SeekIndex, target: Any, k: int, window: int | None, g
         "bound": result.bound,
         "gap": result.gap,
         "excess": finite_or_none(result.excess),
+        "gap_refuted": result.gap_refuted,
         "reason": result.reason,
         "assumed_gap": gap,
         "window": rescored.rerank_window,

@@ -128,6 +128,7 @@ def _result(q: Query, i: int, out, scored: ScoredSet, n: int, bounds: dict, proo
         rounds=rounds,
         texts=texts(items),
         positions=scored.positions,
+        gap_refuted=None if q.gap is None else bool(out.refuted[i]),
     )
 
 

@@ -98,6 +98,8 @@ class RescoreOutput(NamedTuple):
       why: int8[], the reason of ``certified``, one of ``WHY_*``: not asked (no gap), no sound
         bound, a pulled row left unscored, the gap refuted by the evidence, the draft exhausted,
         the slice short of k, the worst score clears the bound + gap, or it does not.
+      refuted: bool[], whether the evidence (``excess``) refutes ``assumed_gap`` by more than the
+        tolerance, whatever else decided ``why`` (False when no gap was supplied).
     """
 
     perm: jax.Array
@@ -108,6 +110,7 @@ class RescoreOutput(NamedTuple):
     gap: jax.Array
     excess: jax.Array
     why: jax.Array
+    refuted: jax.Array
 
 
 def target_order(target_lps: jax.Array, valid: jax.Array) -> jax.Array:
@@ -225,7 +228,8 @@ def rescore(
         WHY_SHORT_OF,
     ).astype(jnp.int8)
     out = RescoreOutput(
-        perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess, why
+        perm, log_probs, mask, certified, bound.astype(target_lps.dtype), new_carry.max_gap, new_carry.max_excess, why,
+        requested & refuted,
     )
     return out, new_carry
 

@@ -52,6 +52,9 @@ class RescoreResult:
       texts: each item's sequence as text after the target's prompt, if any (``eos`` left out),
         aligned with ``items``, when the target has a vocabulary or a tokenizer (see
         :mod:`jaxrescore.models.text`); else None.
+      gap_refuted: whether the library's own observations refute ``assumed_gap`` (``excess >
+        assumed_gap +`` the target's score tolerance: the certificate's decision, not a second
+        one); None when no gap was supplied.
 
     ``print(result)`` shows a table (:meth:`table`), a notebook an HTML one; :meth:`to_dict` and
     :meth:`to_json` export everything.
@@ -71,6 +74,7 @@ class RescoreResult:
     rounds: int = 1
     texts: list | None = None
     positions: int = 0
+    gap_refuted: bool | None = None
 
     def __repr__(self) -> str:
         best = ""
