@@ -2,10 +2,11 @@
 
 Rows go to the device in chunks of about ``chunk_tokens`` tokens per device (or exactly
 ``chunk_rows`` rows when that is set), each padded to a power-of-two row count of at least the
-model's minimum (and a multiple of the mesh size), so a sweep of queries sees only a few shapes.
-With a ``mesh`` the batch axis is sharded over all mesh axes and ``params`` are placed once per
-weights object (see :mod:`jaxrescore.models.mesh`). All chunks are dispatched before the first
-result is read, so the host pads chunk ``i + 1`` while the device computes chunk ``i``.
+model's minimum (and a multiple of the batch's mesh devices), so a sweep of queries sees only a few
+shapes. With a ``mesh`` the batch axis is sharded over the mesh's batch axes (all but ``model``)
+and ``params`` are placed once per weights object (see :mod:`jaxrescore.models.mesh`). All chunks
+are dispatched before the first result is read, so the host pads chunk ``i + 1`` while the device
+computes chunk ``i``.
 
 The minimum padded batch follows the model's size (:func:`padded_min_rows`): a padding row costs
 a forward through every weight, so the padding a call may add is bounded in weight bytes. A small
@@ -25,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore._checks import check_bool, check_int
-from jaxrescore.models.mesh import check_mesh, mesh_context, place_params, shard_batch
+from jaxrescore.models.mesh import batch_devices, check_mesh, mesh_context, place_params, shard_batch, to_host
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import PyTree
 
@@ -65,7 +66,8 @@ class DeviceBatched:
       chunk_rows: rows per call instead, when set.
       min_rows: the fewest rows a call is padded to (None: by the weights' size, see
         :func:`padded_min_rows`).
-      shard_params: whether the weights are split over the mesh's devices or replicated.
+      shard_params: whether the weights are split over the mesh (its ``model`` axis, or all its
+        devices) or replicated.
     """
 
     # On CPU a chunk whose activations stay in cache is ~3x faster than a 256-row chunk
@@ -82,8 +84,9 @@ class DeviceBatched:
         Args:
           mesh: a ``jax.sharding.Mesh`` (hand-built, or ``jax.make_mesh``'s with explicit axis
             types) or None.
-          shard_params: split every weight over all of the mesh's devices along its largest
-            evenly divisible axis (a model larger than one device) instead of replicating it.
+          shard_params: split every weight along its largest evenly divisible axis over the
+            mesh's ``model`` axis (over all its devices when it has none): a model larger than
+            one device. Otherwise each weight is replicated.
         """
         shard_params = check_bool(shard_params, "shard_params")
         other = copy.copy(self)
@@ -122,17 +125,14 @@ class DeviceBatched:
             return check_int(self.chunk_rows, "chunk_rows", minimum=1)
         tokens = check_int(self.chunk_tokens, "chunk_tokens", minimum=1, allow_none=True)
         tokens = tokens or (2048 if jax.default_backend() == "cpu" else 65536)
-        devices = 1 if self.mesh is None else self.mesh.devices.size
-        rows = max(tokens * devices // max(width, 1), self._min_rows())
+        rows = max(tokens * batch_devices(self.mesh) // max(width, 1), self._min_rows())
         return 1 << (rows.bit_length() - 1)
 
     def _rows_bucket(self, n: int) -> int:
         """The padded row count of a call of ``n`` rows."""
         rows = bucket_size(n, self._min_rows())
-        if self.mesh is not None:
-            d = self.mesh.devices.size
-            rows = -(-rows // d) * d
-        return rows
+        d = batch_devices(self.mesh)
+        return -(-rows // d) * d
 
     def _put(self, x: np.ndarray):
         """``x`` with its leading (batch) axis split over the model's mesh (see
@@ -142,7 +142,7 @@ class DeviceBatched:
     def _chunked(self, fn, *arrays: np.ndarray):
         """``fn(params, *row_chunks)`` over row chunks padded to bucketed row counts; the
         results' first ``n`` rows concatenated on the host (per output when ``fn`` returns a
-        tuple of arrays)."""
+        tuple of arrays), read by :func:`~jaxrescore.models.mesh.to_host` (on every process)."""
         with mesh_context(self.mesh):
             return self._chunked_on_mesh(fn, *arrays)
 
@@ -158,5 +158,5 @@ class DeviceBatched:
             padded = [np.concatenate([p, np.zeros((rows - m,) + p.shape[1:], p.dtype)]) for p in part]
             outs.append((fn(params, *(self._put(p) for p in padded)), m))
         if isinstance(outs[0][0], tuple):
-            return tuple(np.concatenate([np.asarray(out[i])[:m] for out, m in outs]) for i in range(len(outs[0][0])))
-        return np.concatenate([np.asarray(out)[:m] for out, m in outs])
+            return tuple(np.concatenate([to_host(out[i])[:m] for out, m in outs]) for i in range(len(outs[0][0])))
+        return np.concatenate([to_host(out)[:m] for out, m in outs])

@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from jaxrescore._checks import check_bool, check_int
 from jaxrescore.models.checks import is_float_dtype
-from jaxrescore.models.mesh import mesh_context, shard_batch, with_recorded_mesh
+from jaxrescore.models.mesh import batch_devices, mesh_context, shard_batch, to_host, with_recorded_mesh
 from jaxrescore.models.scores import (
     BFLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
@@ -146,7 +146,7 @@ class CallableModel(PromptableMixin):
         return np.minimum(rows, np.float32(0.0))
 
     def _batched_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        rows = np.asarray(self._call_batched(prefixes, lengths))
+        rows = to_host(self._call_batched(prefixes, lengths))
         want = (prefixes.shape[0], self._vocab)
         if rows.shape != want:
             raise ValueError(f"batched fn returned shape {rows.shape}, expected [B, V] = {want}")
@@ -161,7 +161,7 @@ class CallableModel(PromptableMixin):
         if self.mesh is None:
             return self.fn(prefixes, lengths)
         b = prefixes.shape[0]
-        d = self.mesh.devices.size
+        d = batch_devices(self.mesh)
         rows = -(-max(b, 1) // d) * d
         p = np.zeros((rows,) + prefixes.shape[1:], np.int32)
         p[:b] = prefixes
@@ -169,7 +169,7 @@ class CallableModel(PromptableMixin):
         n[:b] = lengths
         with mesh_context(self.mesh):
             out = self.fn(shard_batch(p, self.mesh), shard_batch(n, self.mesh))
-        return np.asarray(out)[:b]
+        return to_host(out)[:b]
 
     def _per_prefix_rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         keys = [tuple(prefixes[b, : lengths[b]].tolist()) for b in range(prefixes.shape[0])]

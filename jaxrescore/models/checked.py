@@ -29,6 +29,7 @@ import numpy as np
 from jaxrescore.models.base import check_support
 from jaxrescore.models.checks import is_float_dtype
 from jaxrescore.models.callable import SIGN_TOL, _check_rows
+from jaxrescore.models.mesh import to_host
 from jaxrescore.sequences import checked_batch
 
 
@@ -67,7 +68,7 @@ def check_rows(rows, prefixes: np.ndarray, lengths: np.ndarray, vocab_size: int,
       prefixes: int32[B, T] and ``lengths`` int32[B]: what it was asked (named in errors).
       vocab_size: V, the width every row must have.
     """
-    arr = np.asarray(rows)
+    arr = to_host(rows)
     want = (prefixes.shape[0], int(vocab_size))
     if arr.shape != want:
         raise ValueError(
@@ -89,7 +90,7 @@ def model_rows(model, prefixes, lengths, what: str = "model") -> np.ndarray:
     one call where a duck-typed model's rows enter the library. Returns float32[B, V]."""
     rows = model.next_logprobs(prefixes, lengths)
     if own_rows(model):
-        return np.asarray(rows)
+        return to_host(rows)
     batch = checked_batch(prefixes, lengths, what="prefixes")
     return check_rows(rows, batch.tokens, batch.lengths, model.vocab_size, what)
 
@@ -97,7 +98,7 @@ def model_rows(model, prefixes, lengths, what: str = "model") -> np.ndarray:
 def check_scores(scores, n: int, what: str = "model") -> np.ndarray:
     """A duck model's ``score_sequences`` answer for ``n`` sequences as float64[n], clipped to <= 0
     (float noise up to ``SIGN_TOL``); ValueError for anything else."""
-    arr = np.asarray(scores)
+    arr = to_host(scores)
     if not is_float_dtype(arr.dtype):
         raise ValueError(f"{what}.score_sequences returned dtype {arr.dtype}; expected float log-probs")
     if arr.shape != (n,):
@@ -199,7 +200,7 @@ class ContinuedModel:
         for which, model in ((short, self.draft), (~short, self.target)):
             if which.any():
                 idx = np.flatnonzero(which)
-                rows = np.asarray(model.next_logprobs(batch.tokens[idx], batch.lengths[idx]), np.float32)
+                rows = to_host(model.next_logprobs(batch.tokens[idx], batch.lengths[idx]), np.float32)
                 if rows.ndim != 2 or rows.shape[0] != idx.size:
                     raise ValueError(
                         f"{type(model).__name__}.next_logprobs returned shape {rows.shape} for {idx.size} prefixes"

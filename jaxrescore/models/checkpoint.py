@@ -63,7 +63,7 @@ from jaxrescore.files import write_npz_atomic
 from jaxrescore.models.adapters import fixed_state, with_fixed_state
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.mesh import check_mesh
+from jaxrescore.models.mesh import check_mesh, to_host
 from jaxrescore.models.int8 import Int8TransformerLM, quantize_int8
 from jaxrescore.models.ngram import NGramLevel, NGramLM
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
@@ -94,7 +94,7 @@ def _leaf_name(path) -> str:
 
 def _named_leaves(params) -> dict[str, np.ndarray]:
     flat, _ = jax.tree_util.tree_flatten_with_path(params)
-    return {_leaf_name(p): _storable(np.asarray(x)) for p, x in flat}
+    return {_leaf_name(p): _storable(to_host(x)) for p, x in flat}
 
 
 def _storable(a: np.ndarray) -> np.ndarray:
@@ -124,7 +124,7 @@ def _adapter_arrays(tree, prefix: str, what: str) -> dict[str, np.ndarray]:
         name = _leaf_name(path)
         key = f"{prefix}/{name}" if name else prefix
         try:
-            a = np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
+            a = to_host(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
         except Exception:  # noqa: BLE001 - whatever an odd leaf makes numpy raise
             a = None
         if a is None or not (a.dtype.kind in "biufc" or a.dtype.name == "bfloat16"):

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrescore.models.checks import check_nan, check_prefixes
-from jaxrescore.models.mesh import mesh_context
+from jaxrescore.models.mesh import mesh_context, to_host
 from jaxrescore.models.scores import clipped_log_softmax as _log_softmax
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree
@@ -205,7 +205,7 @@ def _context(model, base, prompt) -> Context:
         dec.fn, params, block, np.zeros(1, np.int32), np.array([n - 1], np.int32),
         dec.empty_context(), np.int32(0), None, c,
     )
-    out = Context(jax.tree.map(lambda x: x[0], cache), n, np.asarray(rows)[0].astype(np.float32))
+    out = Context(jax.tree.map(lambda x: x[0], cache), n, to_host(rows)[0].astype(np.float32))
     model._decode_context = (params, out)
     return out
 
@@ -310,7 +310,7 @@ class DecodingSession:
         pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for (slab, _), members in groups.items()]
         for calls in pending:
             for idx, rows in calls:
-                out[idx] = np.asarray(rows)[: idx.size]
+                out[idx] = to_host(rows)[: idx.size]
         self._evict()
         check_nan(self.model, out, None, "next_logprobs (incremental)")
         return out

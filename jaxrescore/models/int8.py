@@ -39,8 +39,10 @@ from jax.sharding import Mesh
 from jaxrescore._checks import check_choice
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.batching import param_bytes
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.generate import sample_sequences
+from jaxrescore.models.mesh import to_host
 from jaxrescore.models.transformer import (
     TransformerApply,
     TransformerConfig,
@@ -168,7 +170,7 @@ class Int8TransformerLM(JaxLM):
 
     @property
     def nbytes(self) -> int:
-        return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(self.params)))
+        return param_bytes(self.params)
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ class DequantizedStep:
 def _quantize_pytree(params: PyTree) -> PyTree:
     def leaf(x):
         if np.ndim(x) >= 2 and jnp.issubdtype(jnp.result_type(x), jnp.floating):
-            return _quantize(np.asarray(x, np.float32), tuple(range(np.ndim(x) - 1)))
+            return _quantize(to_host(x, np.float32), tuple(range(np.ndim(x) - 1)))
         return x
 
     return jax.tree.map(leaf, params)

@@ -1,23 +1,40 @@
-"""Meshes: how the library's device calls run over a ``jax.sharding.Mesh``.
+"""Meshes: how the library's device calls run over a ``jax.sharding.Mesh``, on one process or many.
 
-With a mesh, the batch axis of every forward is sharded over all mesh axes and the weights are
-replicated, or split leaf by leaf over all devices (a model larger than one device's memory; XLA
-gathers what each layer needs). Device calls run under the mesh with every axis ``Auto`` (the
-library's jitted functions place their own arrays; an ``Explicit`` mesh's typed sharding is the
-user's, outside them), so ``jax.make_mesh``'s explicit axes and a hand-built mesh give the same
-results as one device, to float noise.
+Axes by name. A mesh axis named ``model`` (:data:`MODEL_AXIS`) holds the weights: with
+``shard_params=True`` each weight is split over it (a model larger than one device) and
+replicated over the other axes. Every other axis (``data``) holds the batch: the rows of a forward
+are split over them and replicated over ``model``. A mesh without a ``model`` axis splits the
+batch over all its axes and, with ``shard_params=True``, each weight over all its devices (XLA
+gathers what each layer needs).
+
+Device calls run under the mesh with every axis ``Auto`` (the library's jitted functions place
+their own arrays; an ``Explicit`` mesh's typed sharding is the user's, outside them), so
+``jax.make_mesh``'s explicit axes and a hand-built mesh give the same results as one device, to
+float noise.
+
+Several processes (JAX's multi-controller runtime, ``jax.distributed.initialize``): a mesh may
+span devices other processes own, so a device result may be a global array no process can read
+alone. Every read of a device result goes through :func:`to_host`, which gathers such an array
+onto every process; every process runs the same program on the same host arrays (the batch put
+on the mesh by :func:`shard_batch` must be equal on all of them) and reads the same answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from jaxrescore._checks import check_bool
+
+# The mesh axis the weights are split over (with ``shard_params=True``); the batch is split over
+# every other axis.
+MODEL_AXIS = "model"
 
 
 def check_mesh(mesh) -> Mesh | None:
@@ -44,9 +61,28 @@ def mesh_context(mesh: Mesh | None):
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(auto_mesh(mesh))
 
 
+def weight_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes a split weight is split over: ``("model",)`` when the mesh names one, else all."""
+    names = tuple(mesh.axis_names)
+    return (MODEL_AXIS,) if MODEL_AXIS in names else names
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes a batch's rows are split over: every axis but ``model``."""
+    return tuple(a for a in mesh.axis_names if a != MODEL_AXIS)
+
+
+def batch_devices(mesh: Mesh | None) -> int:
+    """How many ways a batch's rows are split (1 without a mesh): a call's padded row count is a
+    multiple of it."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh))
+
+
 def param_spec(shape: tuple, devices: int, axes: tuple) -> PartitionSpec:
-    """How one weight of ``shape`` is split over ``devices`` devices: along its largest axis whose
-    size ``devices`` divides (over all mesh ``axes``), replicated when none does."""
+    """How one weight of ``shape`` is split over the mesh ``axes`` (``devices`` devices in all):
+    along its largest axis whose size ``devices`` divides, replicated when none does."""
     best = None
     for i, n in enumerate(shape):
         if n % devices == 0 and n >= devices and (best is None or n > shape[best]):
@@ -57,24 +93,41 @@ def param_spec(shape: tuple, devices: int, axes: tuple) -> PartitionSpec:
 
 
 def place_params(params, mesh: Mesh, shard: bool):
-    """``params`` on ``mesh``'s devices: replicated, or split leaf by leaf (:func:`param_spec`)."""
+    """``params`` on ``mesh``'s devices: replicated, or split leaf by leaf over the weight axes
+    (:func:`weight_axes`, :func:`param_spec`) and replicated over the others."""
     mesh = auto_mesh(mesh)
     if not shard:
         return jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
-    n = mesh.devices.size
+    axes = weight_axes(mesh)
+    n = math.prod(mesh.shape[a] for a in axes)
 
     def put(x):
-        return jax.device_put(x, NamedSharding(mesh, param_spec(tuple(np.shape(x)), n, tuple(mesh.axis_names))))
+        return jax.device_put(x, NamedSharding(mesh, param_spec(tuple(np.shape(x)), n, axes)))
 
     return jax.tree.map(put, params)
 
 
 def shard_batch(x: np.ndarray, mesh: Mesh | None):
-    """``x`` with its leading (batch) axis split over all mesh axes (unchanged without a mesh)."""
+    """``x`` with its leading (batch) axis split over the mesh's batch axes (:func:`batch_axes`;
+    unchanged without a mesh). Its row count must be a multiple of :func:`batch_devices`; over
+    several processes, ``x`` must be the same on each (each places its own devices' rows)."""
     if mesh is None:
         return x
     mesh = auto_mesh(mesh)
-    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(mesh.axis_names)))
+    axes = batch_axes(mesh)
+    return jax.device_put(x, NamedSharding(mesh, PartitionSpec(axes if axes else None)))
+
+
+def to_host(x, dtype=None) -> np.ndarray:
+    """``x`` as a numpy array readable on this process: THE read of a device result.
+
+    A global array (split over devices of other processes too) is gathered onto every process
+    (a collective: every process must read it, in the same order); a replicated or process-local
+    one is copied from a local device; anything else goes through ``np.asarray``.
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x, dtype)
 
 
 def with_recorded_mesh(model, mesh: Mesh | None, shard_params):

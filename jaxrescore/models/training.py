@@ -31,7 +31,7 @@ from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.checked import checked_model
 from jaxrescore.models.checks import check_eos_terminated, check_tokens, check_weights
 from jaxrescore.models.jax_lm import JaxLM
-from jaxrescore.models.mesh import mesh_context
+from jaxrescore.models.mesh import batch_devices, mesh_context, to_host
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
 
@@ -131,10 +131,10 @@ def _run(model, loss, batches, steps, lr, weight_decay, seed, progress, desc):
 
 def _placed_batch(model, arrays):
     """The batch arrays split over the model's mesh, rows padded (mask 0) to a multiple of its
-    devices; unchanged without a mesh."""
+    batch devices (:func:`~jaxrescore.models.mesh.batch_devices`); unchanged without a mesh."""
     if model.mesh is None:
         return arrays
-    d = model.mesh.devices.size
+    d = batch_devices(model.mesh)
     n = arrays[0].shape[0]
     rows = -(-n // d) * d
     out = []
@@ -157,9 +157,9 @@ def _run_on_mesh(model, loss, batches, steps, lr, weight_decay, seed, progress, 
         params, opt_state, value = step(params, opt_state, sub, *_placed_batch(model, batches(i)))
         losses.append(value)
         if progress and (i % 25 == 0 or i == steps - 1):
-            bar.set_postfix(loss=f"{float(value):.4f}")
+            bar.set_postfix(loss=f"{float(to_host(value)):.4f}")
     model.params = params
-    return np.asarray(jax.device_get(losses), np.float32)
+    return np.array([to_host(v) for v in losses], np.float32)
 
 
 def _sampler(model, batch, probs, batch_size, seed):

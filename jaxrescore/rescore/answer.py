@@ -13,6 +13,7 @@ import math
 import jax
 import numpy as np
 
+from jaxrescore.models.mesh import to_host
 from jaxrescore.rescore.core import (
     CERT_NONE,
     CERT_TRUE,
@@ -89,7 +90,7 @@ def run_core(queries: list[Query], scored: ScoredSet, rows: list[int], bounds: d
             tolerance=np.float64(scored.tolerance), evidence=evidence, calls=np.int32(scored.calls),
             sequences=np.int32(scored.sequences),
         )
-        return jax.device_get(out), jax.device_get(after)
+        return jax.tree.map(to_host, out), jax.tree.map(to_host, after)
 
 
 def decide_proofs(queries: list[Query], out: RescoreOutput, scored: ScoredSet, rows: list[int]) -> list[Proof]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.models.base import Structure
+from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.frontier import ScoredArrays, complete
 from jaxrescore.rescore.target import forward_rows, target_structure
@@ -31,7 +32,7 @@ def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
     """Validate a target's answer for ``seqs``: ``float64[len(seqs)]``, real numbers, no NaN, no
     +inf, none above ``tolerance`` (a log-prob is <= 0; float noise within the target's
     tolerance is clipped to 0)."""
-    arr = np.asarray(raw)
+    arr = to_host(raw)
     if arr.dtype.kind != "f":
         raise ValueError(
             f"target returned scores of dtype {arr.dtype}; expected float log-probs (<= 0 or -inf)"
@@ -81,7 +82,7 @@ def checked_frontier(fs: FrontierScores, seqs: list, ok: np.ndarray, tolerance: 
     ``ok`` is False: outside the support), checked like :func:`checked_scores` and against the
     proof's assumption that a score is the sum of its steps (within ``tolerance``)."""
     scores = checked_scores(fs.scores, seqs, tolerance)
-    sums = np.asarray(fs.steps, np.float64).sum(axis=1)
+    sums = to_host(fs.steps, np.float64).sum(axis=1)
     with np.errstate(invalid="ignore"):
         off = ok & np.isfinite(scores) & ~(np.abs(scores - sums) <= tolerance)
     if off.any():

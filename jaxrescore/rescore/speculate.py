@@ -16,6 +16,7 @@ import numpy as np
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.checked import ContinuedModel, checked_model
 from jaxrescore.models.decoding import incremental
+from jaxrescore.models.mesh import to_host
 from jaxrescore.models.base import Structure
 from jaxrescore.sequences import from_tuples
 
@@ -104,7 +105,7 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
                 f"max_len={max_len}; pass draft_model= a model as long as the target"
             )
         width = max(1, int(lens[idx].max()))
-        lp = np.asarray(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
+        lp = to_host(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
         lp = np.where(np.isnan(lp), -np.inf, lp)
         if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.models.base import Structure
+from jaxrescore.models.mesh import to_host
 from jaxrescore.rescore.frontier import complete, view_lengths
 from jaxrescore.sequences import from_tuples
 
@@ -78,7 +79,7 @@ def draft_scores(model: Any, seqs: list) -> np.ndarray:
     inside = np.flatnonzero(ok)
     if inside.size:
         try:
-            out[inside] = np.minimum(np.asarray(model.score_sequences([seqs[i] for i in inside]), np.float64), 0.0)
+            out[inside] = np.minimum(to_host(model.score_sequences([seqs[i] for i in inside]), np.float64), 0.0)
         except (ValueError, TypeError):  # a foreign model that cannot score them: unknown
             pass
     return out

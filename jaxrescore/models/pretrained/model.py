@@ -40,7 +40,7 @@ from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.int8 import _quantize, dequantize
 from jaxrescore.models.jax_lm import JaxLM
-from jaxrescore.models.mesh import check_mesh
+from jaxrescore.models.mesh import check_mesh, to_host
 from jaxrescore.models.pretrained import gpt2, llama
 from jaxrescore.models.pretrained.files import check_directory, read_config, read_tensors, read_tokenizer
 from jaxrescore.models.pretrained.network import (
@@ -140,7 +140,7 @@ class PretrainedLM(JaxLM):
         ``quantize_int8``'s signature; integer matmuls are the TransformerLM twin's)."""
         if self.quantized:
             raise TypeError("this model is already an int8 twin")
-        p = jax.tree.map(np.asarray, self.params)
+        p = jax.tree.map(to_host, self.params)
         q = dict(p)
         q["embed"] = _quantize(p["embed"], -1)
         if "head" in p:
