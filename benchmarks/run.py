@@ -45,6 +45,7 @@ SECTIONS = [
     ("envelope", "bench_envelope"),
     ("certificate", "bench_certificate"),
     ("cold", "bench_cold"),
+    ("multihost", "bench_multihost"),
 ]
 
 HEADER = """# Benchmarks

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh
+    from jax.sharding import Mesh, PartitionSpec
 
     from jaxrescore.index.seek import SeekIndex
     from jaxrescore.models import CallableModel, decoding_session, distill, train_lm
@@ -85,6 +85,12 @@ SCRIPT = textwrap.dedent(
             assert all(len(x.sharding.device_set) == 4 for x in placed)
             split = [x for x in placed if not x.sharding.is_fully_replicated]
             assert bool(split) == split_them, (mname, split_them)
+    # a "model" axis holds the split weights (replicated over "data"), "data" the batch
+    grid = tf.with_mesh(meshes["make_mesh 2x2"], shard_params=True)
+    specs = [x.sharding.spec for x in jax.tree.leaves(grid._device_params())]
+    assert all(part in (None, ("model",)) for spec in specs for part in spec), specs
+    assert any(("model",) in spec for spec in specs), specs
+    assert grid._put(np.zeros((4, 3), np.int32)).sharding.spec == PartitionSpec(("data",))
     # an index over a split model, built under the user's own explicit mesh context
     mesh = meshes["make_mesh"]
     with jax.set_mesh(mesh):
@@ -121,3 +127,35 @@ def test_mesh_matches_single_device():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "MESH OK" in out.stdout
+
+
+def test_mesh_axes_by_name():
+    """The batch is split over every axis but "model"; split weights over "model", or over every
+    axis of a mesh without one; a padded call is a multiple of the batch's devices."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from jaxrescore.models.mesh import batch_axes, batch_devices, param_spec, weight_axes
+
+    device = np.array(jax.devices()[:1])
+    grid = Mesh(device.reshape(1, 1), ("data", "model"))
+    flat = Mesh(device, ("data",))
+    assert batch_axes(grid) == ("data",) and weight_axes(grid) == ("model",)
+    assert batch_axes(flat) == ("data",) and weight_axes(flat) == ("data",)
+    assert batch_axes(Mesh(device, ("model",))) == ()
+    assert batch_devices(None) == 1 and batch_devices(grid) == 1
+    assert param_spec((6, 32), 4, ("model",)) == jax.sharding.PartitionSpec(None, ("model",))
+    assert param_spec((6, 3), 4, ("model",)) == jax.sharding.PartitionSpec()
+
+
+def test_to_host_reads_local_and_host_values():
+    """to_host: numpy in, numpy out (dtype as asked); a process-local device array read as is."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrescore.models.mesh import to_host
+
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    np.testing.assert_array_equal(to_host(jnp.asarray(x)), x)
+    assert to_host(x, np.float64).dtype == np.float64
+    assert to_host([1.5, 2.0]).tolist() == [1.5, 2.0]
