@@ -24,7 +24,7 @@ def test_every_section_has_run():
 
 @pytest.mark.slow
 def test_quick_run_writes_benchmarks_md(tmp_path):
-    subset = "proven,seek_index,certificate"
+    subset = "proven,certificate"
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run.py"), "--quick", "--out", str(tmp_path), "--only", subset],
         capture_output=True, text=True, timeout=600,
@@ -32,6 +32,6 @@ def test_quick_run_writes_benchmarks_md(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert text.startswith("# Benchmarks") and "CPU cores" in text and "--quick" in text
-    for heading in ("## Proven top-k", "## SeekIndex build and read-back", "## Certificate soundness"):
+    for heading in ("## Proven top-k", "## Certificate soundness"):
         assert heading in text
     assert "| top-10 | prove (window 32) |" in text and "| True | True |" in text
