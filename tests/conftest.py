@@ -27,9 +27,3 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "reliability battery")
         for line in sorted(set(lines)):
             terminalreporter.write_line(line)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The genuinely slow tests (end-to-end runs, subprocesses) first: xdist hands tests out in
-    collection order, so a long one collected last keeps one worker busy while the other idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
