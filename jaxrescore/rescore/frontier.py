@@ -60,7 +60,6 @@ its first occurrence in sorted order, so nothing loops per node in Python.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -391,7 +390,7 @@ def structure_numbers(structure: Structure) -> tuple[int, int, int]:
     return vocab, -1 if structure.eos is None else int(structure.eos), int(structure.max_len)
 
 
-@partial(jax.jit, static_argnames=())
+@jax.jit
 def frontier_bound(s: ScoredArrays, valid, vocab, eos, max_len):
     """``(bound, moved)`` of :func:`frontier_values` under ``jax.jit`` (vmap it over a leading
     query axis of ``valid: bool[Q, N]``, or of ``s`` for different scored sets); run it with
