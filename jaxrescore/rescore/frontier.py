@@ -394,7 +394,9 @@ def structure_numbers(structure: Structure) -> tuple[int, int, int]:
 def frontier_bound(s: ScoredArrays, valid, vocab, eos, max_len):
     """``(bound, moved)`` of :func:`frontier_values` under ``jax.jit`` (vmap it over a leading
     query axis of ``valid: bool[Q, N]``, or of ``s`` for different scored sets); run it with
-    ``jax.enable_x64(True)``."""
+    ``jax.enable_x64(True)``. It trusts its inputs: run :func:`check_assumptions` on the arrays
+    first (the host paths do), or a step above 0 or a top-m id outside the vocabulary goes
+    unnoticed."""
     bound, moved, _ = frontier_values(s, valid, vocab, eos, max_len, _JAX)
     return bound, moved
 
