@@ -59,9 +59,10 @@ import numpy as np
 
 from jaxrescore.models.checks import check_nan, check_prefixes
 from jaxrescore.models.mesh import mesh_context, to_host
-from jaxrescore.models.scores import clipped_log_softmax as _log_softmax
+from jaxrescore.models.scores import check_top_m, clipped_log_softmax as _log_softmax
+from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_rows, frontier_reduce, share_feeds
 from jaxrescore.sequences import bucket_size
-from jaxrescore.typing import ArrayLike, PyTree
+from jaxrescore.typing import ArrayLike, PyTree, Sequences
 
 # Smallest power-of-two length of a row cache and of the context.
 MIN_CACHE_LEN = 8
@@ -95,11 +96,14 @@ class Context(NamedTuple):
     row: np.ndarray  # float32[V], log-probs after the context
 
 
-@partial(jax.jit, static_argnums=(0, 8))
-def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out):
-    """One incremental call: log-softmax rows float32[B, V] (clipped <= 0) and the new caches."""
+@partial(jax.jit, static_argnums=(0, 8, 9))
+def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out, reduce, extra):
+    """One incremental call: log-softmax rows (clipped <= 0; float32[B, V] for ``last[B]``,
+    float32[B, L, V] for ``last[B, L]``), or ``reduce(rows, *extra)`` of them when ``reduce`` is
+    given (a teacher-forced call's reduction, on device), and the new caches."""
     logits, cache = fn(params, tokens, start, last, ctx, ctx_len, cache, s_out)
-    return _log_softmax(logits), cache
+    rows = _log_softmax(logits)
+    return (rows if reduce is None else reduce(rows, *extra)), cache
 
 
 @partial(jax.jit, static_argnums=1)
@@ -126,27 +130,35 @@ class StepDecode:
     positions int32[B]) -> (logits[B, 1, V], cache)``, one token per row at absolute position
     ``positions[b]`` (BOS at 0). Row caches are the user's own pytrees (leading axis: rows);
     the context is one row's cache without that axis, and fresh rows start as copies of it. ``W`` new tokens run as a
-    ``lax.scan`` of the step inside one call; a row's cache stops at its own last token (a step
-    may be any function of the cache, e.g. a running sum, not only a write)."""
+    ``lax.scan`` of the step inside one call; a row's cache stops at its own last token
+    (``last[b]``, or ``max(last[b])`` for a 2-D ``last``: a step may be any function of the
+    cache, e.g. a running sum, not only a write, so a row cache is valid for its whole row only).
+    A 1-D ``last`` keeps one running row per row; a 2-D one collects every step's logits."""
 
     step: Callable
 
     def __call__(self, params, tokens, start, last, ctx, ctx_len, cache, s_out):
         b, w = tokens.shape
+        every = last.ndim == 2
         if cache is None:
             cache = jax.tree.map(lambda c: jnp.broadcast_to(c, (b,) + c.shape), ctx)
         if w == 1:
             logits, cache = self.step(params, cache, tokens, ctx_len + start)
-            return logits[:, 0], cache
+            return (jnp.take_along_axis(logits, last[..., None], axis=1) if every else logits[:, 0]), cache
+        stop = last.max(axis=1) if every else last
 
         def one(carry, j):
             cache, out = carry
             logits, new = self.step(params, cache, jax.lax.dynamic_slice_in_dim(tokens, j, 1, 1), ctx_len + start + j)
-            out = jnp.where((j == last)[:, None], logits[:, 0].astype(jnp.float32), out)
-            return (_where_rows(j <= last, new, cache), out), None
+            row = logits[:, 0].astype(jnp.float32)
+            if not every:
+                out = jnp.where((j == last)[:, None], row, out)
+            return (_where_rows(j <= stop, new, cache), out), (row if every else None)
 
         v = jax.eval_shape(self.step, params, cache, tokens[:, :1], start)[0].shape[-1]
-        (cache, out), _ = jax.lax.scan(one, (cache, jnp.zeros((b, v), jnp.float32)), jnp.arange(w))
+        (cache, out), rows = jax.lax.scan(one, (cache, jnp.zeros((b, v), jnp.float32)), jnp.arange(w))
+        if every:
+            out = jnp.take_along_axis(jnp.swapaxes(rows, 0, 1), last[..., None], axis=1)
         return out, cache
 
 
@@ -155,16 +167,23 @@ class Decoder:
     """A model's incremental forward, for :class:`DecodingSession`.
 
     Attributes:
-      fn: hashable pure ``fn(params, tokens[B, W], start[B], last[B], ctx, ctx_len, cache, s_out)
-        -> (logits[B, V], cache)``: ``W`` new tokens per row at row positions ``start[b] + w``
-        (absolute ``ctx_len + start[b] + w``), logits at new position ``last[b]``; ``cache=None``
-        starts fresh rows from the context; row caches cover ``s_out`` row positions (a
-        per-row-position cache pads a given one to that length; a user's step keeps its own).
+      fn: hashable pure ``fn(params, tokens[B, W], start[B], last, ctx, ctx_len, cache, s_out)
+        -> (logits, cache)``: ``W`` new tokens per row at row positions ``start[b] + w``
+        (absolute ``ctx_len + start[b] + w``); logits ``[B, V]`` at new position ``last[b]`` for
+        ``last: int32[B]``, or ``[B, L, V]`` at new positions ``last[b, l]`` for ``last:
+        int32[B, L]`` (teacher forcing); ``cache=None`` starts fresh rows from the context; row
+        caches cover ``s_out`` row positions (a per-row-position cache pads a given one to that
+        length; a user's step keeps its own).
       empty_context: the context cache before any token (a pytree of arrays, no row axis).
+      prefix_reuse: whether a row's cache also serves every PREFIX of its row (per-position keys
+        and values under the causal mask ``arange(S) <= position``: positions past the prefix are
+        ignored, then overwritten): the session then keys each of them (a radix cache). False
+        for a user's step, whose cache may be any function of the row (a running sum).
     """
 
     fn: Callable
     empty_context: Callable[[], PyTree]
+    prefix_reuse: bool = False
 
 
 def _split_prompt(model):
@@ -203,7 +222,7 @@ def _context(model, base, prompt) -> Context:
     block[0, :n] = toks
     rows, cache = _decode(
         dec.fn, params, block, np.zeros(1, np.int32), np.array([n - 1], np.int32),
-        dec.empty_context(), np.int32(0), None, c,
+        dec.empty_context(), np.int32(0), None, c, None, (),
     )
     out = Context(jax.tree.map(lambda x: x[0], cache), n, to_host(rows)[0].astype(np.float32))
     model._decode_context = (params, out)
@@ -279,22 +298,99 @@ class DecodingSession:
         with mesh_context(self._base.mesh):
             return self._rows(batch)
 
-    def _rows(self, batch) -> np.ndarray:
-        toks, lens = batch
-        n = batch.size
-        out = np.empty((n, self.vocab_size), np.float32)
-        if n == 0:
-            return out
+    def teacher_force(self, rows: Sequences, known: ArrayLike, top_m: int) -> TeacherForced:
+        """Teacher-force ``rows`` from their positions ``known`` on, over the held caches (a radix
+        cache over every prefix computed; see :mod:`jaxrescore.models.teacher`): the
+        ``score_frontier`` numbers of those positions, as the model's own (to float32 noise).
+
+        Position ``j`` is the next-token distribution after ``row[:j]`` (position 0: after the
+        context, BOS and a prompt, read from the context's own row at no cost). Row ``i`` feeds
+        ``row[known[i] - 1 : len - 1]`` in one call on top of the held cache of
+        ``row[:known[i] - 1]``, or of its longest held prefix (the extra positions are computed
+        and counted), or of the context; a row with ``known[i] == len(rows[i])`` costs nothing.
+        Afterwards every prefix of what a row fed is held (for a user's step model only the
+        whole fed prefix: its cache need not serve a shorter one), for later calls and
+        :meth:`next_logprobs` alike. Rows whose fed prefix is a prefix of another row's in the
+        same call are read from that row's outputs, not fed.
+
+        Args:
+          rows: token sequences (for a prompted model, tokens after the prompt), each in the
+            model's support: tokens in ``[0, V)``, length <= ``max_len``.
+          known: int[N], ``0 <= known[i] <= len(rows[i])``: positions the caller already has.
+          top_m: how many of the likeliest next tokens to keep per position (capped at V).
+
+        Returns:
+          :class:`~jaxrescore.models.teacher.TeacherForced`: ``(frontier, positions)``, the
+          :class:`~jaxrescore.models.scores.FrontierScores` of positions ``known[i]`` on,
+          left-aligned, and the token positions this call computed (added to ``positions``).
+        """
+        batch, known = check_teacher_rows(rows, known, self.vocab_size, self.max_len)
+        reduce = frontier_reduce(min(check_top_m(top_m), self.vocab_size), self.vocab_size, self.eos)
+        out = TeacherOut(batch, known, reduce.top_m, self.eos)
+        before = self.positions
+        with mesh_context(self._base.mesh):
+            params, ctx = self._begin()
+            self._teach(batch, known, reduce, out, params, ctx)
+        self._evict()
+        frontier = out.result()
+        for values in (frontier.steps, frontier.top_lps):
+            check_nan(self.model, values, batch.lengths - known, "teacher_force")
+        return TeacherForced(frontier, self.positions - before)
+
+    def _teach(self, batch, known, reduce, out, params, ctx) -> None:
+        """Fill ``out`` (see :meth:`teacher_force`): one call per held cache started from and
+        power of two of fed tokens, chunked like :meth:`_extend`."""
+        toks, lens = batch.tokens, batch.lengths.astype(np.int64)
+        out.context(np.flatnonzero((known == 0) & (lens > 0)), ctx.row, reduce)
+        first = np.maximum(known, 1)
+        reps, owner, need = share_feeds(toks, lens, np.where(lens - 1 >= first, first - 1, -1))
+        readers = collections.defaultdict(list)  # rep's row -> rows reading its outputs
+        for i in np.flatnonzero(owner >= 0).tolist():
+            readers[int(reps[owner[i]])].append(i)
+        held = sorted(self._lengths, reverse=True)
+        groups: dict = collections.defaultdict(list)
+        for r, i in enumerate(reps.tolist()):
+            slab, row, start = self._ancestor(toks[i], int(need[r]), held)
+            groups[slab, bucket_size(int(lens[i]) - 1 - start, 1)].append((i, row, start))
+        extra_at: list = []  # per call: derived row -> index of its last step among the extras
+
+        def extra(part, starts, b, w):
+            targets = np.zeros((b, w), np.int32)
+            cols = starts[:, None] + 1 + np.arange(w)[None, :]
+            targets[: part.size] = np.where(cols < lens[part][:, None], toks[part[:, None], np.minimum(cols, toks.shape[1] - 1)], 0)
+            derived = [(k, i) for k, rep in enumerate(part.tolist()) for i in readers[rep] if i != rep]
+            q = np.zeros((3, max(b, bucket_size(len(derived), 1))), np.int32)  # few shapes: few compiles
+            for n, (k, i) in enumerate(derived):
+                q[:, n] = k, lens[i] - 2 - starts[k], toks[i, lens[i] - 1]
+            extra_at.append({i: n for n, (_, i) in enumerate(derived)})
+            return (targets, *q)
+
+        pending = [self._extend(slab, m, toks, lens - 1, ctx, params, reduce, extra) for (slab, _), m in groups.items()]
+        for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
+            host = tuple(to_host(x) for x in dev)
+            who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
+            out.fill([i for i, _, _ in who], np.array([k for _, k, _ in who]), np.array([s for _, _, s in who]), host, at)
+
+    def _begin(self):
+        """``(params, context)`` of a new call; held caches of other weights are dropped."""
         params = self._base._device_params()
         if self._params is not params:  # new weights: held caches are stale
             self.clear()
             self._params = params
         ctx = decoding_context(self.model)
         self._call += 1
+        return params, ctx
+
+    def _rows(self, batch) -> np.ndarray:
+        toks, lens = batch
+        n = batch.size
+        out = np.empty((n, self.vocab_size), np.float32)
+        if n == 0:
+            return out
+        params, ctx = self._begin()
         self.rows += n
         zero = lens == 0
         out[zero] = ctx.row
-        keys = _keys(toks, lens)
         parents = _keys(toks, np.maximum(lens - 1, 0))
         held = sorted(self._lengths, reverse=True)
         # rows grouped by the held cache they start from (None: the context) and by how many
@@ -305,23 +401,23 @@ class DecodingSession:
             if at is not None:
                 slab, row, start = at[0], at[1], int(lens[i]) - 1
             else:
-                slab, row, start = self._ancestor(toks[i], int(lens[i]), held)
+                slab, row, start = self._ancestor(toks[i], int(lens[i]) - 2, held)
             groups[slab, bucket_size(int(lens[i]) - start, 1)].append((i, row, start))
-        pending = [self._extend(slab, members, toks, lens, ctx, params, keys) for (slab, _), members in groups.items()]
+        pending = [self._extend(slab, members, toks, lens, ctx, params) for (slab, _), members in groups.items()]
         for calls in pending:
-            for idx, rows in calls:
+            for idx, _, rows in calls:
                 out[idx] = to_host(rows)[: idx.size]
         self._evict()
         check_nan(self.model, out, None, "next_logprobs (incremental)")
         return out
 
-    def _ancestor(self, tokens: np.ndarray, length: int, held: list) -> tuple:
-        """``(slab, row, start)``: the held cache of the longest prefix of ``tokens[:length]``
-        shorter than its parent (``held``: the lengths held, longest first), or ``(None, 0, 0)``:
-        the context."""
-        prefix = np.ascontiguousarray(tokens[:length], np.int32)
+    def _ancestor(self, tokens: np.ndarray, limit: int, held: list) -> tuple:
+        """``(slab, row, start)``: the held cache of the longest prefix of ``tokens`` of at most
+        ``limit`` tokens (``held``: the lengths held, longest first), or ``(None, 0, 0)``: the
+        context."""
+        prefix = np.ascontiguousarray(tokens[: max(limit, 0)], np.int32)
         for n in held:
-            if n < length - 1:
+            if n <= limit:
                 at = self._where.get(prefix[:n].tobytes())
                 if at is not None:
                     return at[0], at[1], n
@@ -329,29 +425,31 @@ class DecodingSession:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def _extend(self, slab, members, toks, lens, ctx, params, keys) -> list:
+    def _extend(self, slab, members, toks, ends, ctx, params, reduce=None, extra=None) -> list:
         """Rows ``members`` (``(batch row, slab row, start)``) from the held cache ``slab``'s rows
-        (the context when None): each runs its tokens from ``start`` to its length in one call
-        (one position for a row whose parent is held)."""
+        (the context when None): row ``i`` feeds ``toks[i, start:ends[i]]`` in one call (one
+        position for a row whose parent is held). Returns ``(rows, starts, out)`` per call:
+        ``out`` the log-softmax row after each row's last token, or with ``reduce`` (teacher
+        forcing) its reduction of every fed position's row, given ``extra(rows, starts, B, W)``."""
         cache_in, s_in = (None, 0) if slab is None else self._slabs[slab][:2]
         idx = np.asarray([i for i, _, _ in members])
         starts = np.asarray([s for _, _, s in members], np.int32)
-        new = lens[idx] - starts
-        w = bucket_size(int(new.max()), 1)
+        w = bucket_size(int((ends[idx] - starts).max()), 1)
         per = self._base._chunk(w)
         put = self._base._put
         out = []
         for lo in range(0, idx.size, per):
             part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
+            fed = (ends[part] - part_start).astype(np.int32)
             b = self._base._rows_bucket(m)
             block = np.zeros((b, w), np.int32)
             cols = part_start[:, None] + np.arange(w)[None, :]
-            real = cols < lens[part][:, None]
+            real = cols < ends[part][:, None]
             block[:m] = np.where(real, toks[part[:, None], np.minimum(cols, toks.shape[1] - 1)], 0)
             start = np.zeros(b, np.int32)
             start[:m] = part_start
-            last = np.zeros(b, np.int32)
-            last[:m] = lens[part] - part_start - 1
+            last = np.zeros((b,) if reduce is None else (b, w), np.int32)
+            last[:m] = fed - 1 if reduce is None else np.minimum(np.arange(w)[None, :], fed[:, None] - 1)
             # every written position (padding ones too) must fit: a write past the end would be
             # moved back over real positions (dynamic_update_slice clamps its start)
             s_out = max(s_in, bucket_size(int(part_start.max()) + w, MIN_CACHE_LEN))
@@ -360,22 +458,32 @@ class DecodingSession:
                 rows_in = np.zeros(b, np.int32)
                 rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
                 cache = _gather(cache_in, put(rows_in))
+            args = () if reduce is None else tuple(put(x) for x in extra(part, part_start, b, w))
             rows, held = _decode(
                 self._dec.fn, params, put(block), put(start), put(last), ctx.cache, np.int32(ctx.length),
-                cache, s_out,
+                cache, s_out, reduce, args,
             )
             self.calls += 1
-            self.positions += int((lens[part] - part_start).sum())
+            self.positions += int(fed.sum())
             self.extended += m if slab is not None else 0
-            self._hold(held, m, b, s_out, [keys[i] for i in part.tolist()])
-            out.append((part, rows))
+            self._hold(held, m, b, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
+            out.append((part, part_start, rows))
         return out
 
     # -- the held caches --------------------------------------------------------------------------
 
+    def _row_keys(self, tokens: np.ndarray, start: int, end: int) -> list:
+        """The keys a row cache holding ``tokens[:end]`` (fed from ``start``) serves: every
+        prefix of ``start + 1`` tokens or more when the decoder's caches serve prefixes (the
+        shorter ones are its ancestor's), else ``tokens[:end]`` alone."""
+        row = np.ascontiguousarray(tokens[:end], np.int32)
+        lo = int(start) + 1 if self._dec.prefix_reuse else int(end)
+        return [row[:n].tobytes() for n in range(max(lo, 1), int(end) + 1)]
+
     def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
         """Keep the rows of ``cache`` that hold the ``m`` real ones, padded to a power of two (a
-        call's padding rows beyond it are not held; few slab shapes keep gathers compiled)."""
+        call's padding rows beyond it are not held; few slab shapes keep gathers compiled);
+        ``keys[r]``: the prefixes row ``r`` serves (the newest holder of a key wins)."""
         if self.max_bytes <= 0:
             return
         if bucket_size(m, 1) < b:
@@ -383,21 +491,24 @@ class DecodingSession:
         nbytes = int(sum(x.nbytes for x in jax.tree.leaves(cache)))
         slab = self._next_id
         self._next_id += 1
-        self._slabs[slab] = (cache, s, nbytes, keys, self._call)
+        flat = [key for row_keys in keys for key in row_keys]
+        self._slabs[slab] = (cache, s, nbytes, flat, self._call, m)
         self.nbytes += nbytes
         self.held_rows += m
-        for row, key in enumerate(keys):
-            self._where[key] = (slab, row)
-            self._lengths[len(key) // 4] += 1
+        for row, row_keys in enumerate(keys):
+            for key in row_keys:
+                if key not in self._where:
+                    self._lengths[len(key) // 4] += 1
+                self._where[key] = (slab, row)
 
     def _evict(self) -> None:
         """Drop the oldest calls' caches while more than ``max_bytes`` are held; warn (once) when
         that drops caches this very call made: its children will not find them."""
         needed = sum(v[2] for v in self._slabs.values() if v[4] == self._call)
         while self.nbytes > self.max_bytes and self._slabs:
-            slab, (_, _, nbytes, keys, call) = self._slabs.popitem(last=False)
+            slab, (_, _, nbytes, keys, call, m) = self._slabs.popitem(last=False)
             self.nbytes -= nbytes
-            self.held_rows -= len(keys)
+            self.held_rows -= m
             for key in keys:
                 if self._where.get(key, (None,))[0] == slab:
                     del self._where[key]
@@ -408,7 +519,7 @@ class DecodingSession:
                 self._warned = True
                 warnings.warn(
                     f"DecodingSession over {type(self.model).__name__}: one call's key/value caches need "
-                    f"{needed:,} bytes ({nbytes // max(len(keys), 1):,} per row), more than "
+                    f"{needed:,} bytes ({nbytes // max(m, 1):,} per row), more than "
                     f"max_bytes={self.max_bytes:,}; they are not kept, so the next rows are computed "
                     f"from the context instead of their parents. Raise the budget: "
                     f"decoding_session(model, max_bytes=...), SeekIndex(decode_cache_bytes=...) or "

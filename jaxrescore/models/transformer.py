@@ -225,14 +225,15 @@ class TransformerModule(nnx.Module):
             absolute positions ``ctx_len + start[b] + w`` (padding tokens past a row's end are
             harmless: they only write cache positions later writes overwrite and masks hide).
           start: int32[B], the positions already written in each row's cache.
-          last: int32[B], which new position's logits to return.
+          last: int32[B], which new position's logits to return, or int32[B, L]: several.
           ctx: per block ``(k, v)`` float[C, H, D/H]: the SHARED context (BOS and a prompt),
             positions ``< ctx_len`` valid.
           ctx_len: int32 scalar.
           cache: per block ``(k, v)`` float[B, S, H, D/H], ``S >= start + W``.
 
         Returns:
-          logits float32[B, V] at new position ``last[b]``, and the updated row cache.
+          logits float32[B, V] at new position ``last[b]`` (``[B, L, V]`` at ``last[b, l]`` for a
+          2-D ``last``), and the updated row cache.
         """
         w = tokens.shape[1]
         pos = ctx_len + start[:, None] + jnp.arange(w)[None, :]
@@ -247,8 +248,10 @@ class TransformerModule(nnx.Module):
         for block, (ck, cv), (rk, rv) in zip(self.blocks, ctx, cache):
             x, rk, rv = block.decode(x, start, ck, cv, ctx_len, rk, rv)
             out.append((rk, rv))
-        x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
-        return self.head(self.ln_f(x)), tuple(out)
+        every = last.ndim == 2  # teacher forcing: the logits of several new positions per row
+        x = jnp.take_along_axis(x, (last if every else last[:, None])[..., None], axis=1)
+        logits = self.head(self.ln_f(x))
+        return (logits if every else logits[:, 0]), tuple(out)
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ def transformer_decoder(config: TransformerConfig, graphdef, prepare: Callable |
         z = jnp.zeros((1, h, dh), jnp.dtype(config.dtype))
         return tuple((z, z) for _ in range(config.n_layers))
 
-    return Decoder(TransformerDecode(graphdef, prepare), empty_context)
+    return Decoder(TransformerDecode(graphdef, prepare), empty_context, prefix_reuse=True)
 
 
 @functools.lru_cache(maxsize=16)

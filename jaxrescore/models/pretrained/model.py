@@ -126,7 +126,7 @@ class PretrainedLM(JaxLM):
         held = self.__dict__.get("_decoder")
         if held is None or held[0] is not self.apply:
             spec = self.spec
-            dec = Decoder(NetworkDecode(spec, self.apply.prepare), lambda: empty_context(spec))
+            dec = Decoder(NetworkDecode(spec, self.apply.prepare), lambda: empty_context(spec), prefix_reuse=True)
             held = (self.apply, dec)
             self._decoder = held
         return held[1]

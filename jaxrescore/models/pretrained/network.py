@@ -235,13 +235,14 @@ def decode(spec: DecoderSpec, params, tokens, start, last, ctx, ctx_len, cache, 
         absolute positions ``ctx_len + start[b] + w`` (padding tokens past a row's end only write
         cache positions that later writes overwrite and masks hide).
       start: int32[B], positions already in each row's cache. last: int32[B], which new
-        position's logits to return.
+        position's logits to return, or int32[B, L]: several (teacher forcing).
       ctx: ``{"k", "v": float[L, C, Hkv, Dh]}``, the shared context, positions ``< ctx_len`` valid.
       cache: ``{"k", "v": float[B, L, S, Hkv, Dh]}`` (padded to ``s_out`` positions), or None:
         fresh rows of ``s_out`` positions.
 
     Returns:
-      logits[B, V] at new position ``last[b]`` and the row cache with the new keys and values.
+      logits[B, V] at new position ``last[b]`` (``[B, L, V]`` at ``last[b, l]`` for a 2-D
+      ``last``) and the row cache with the new keys and values.
     """
     b, w = tokens.shape
     if cache is None:
@@ -279,9 +280,10 @@ def decode(spec: DecoderSpec, params, tokens, start, last, ctx, ctx_len, cache, 
     rows = (jnp.swapaxes(cache["k"], 0, 1), jnp.swapaxes(cache["v"], 0, 1))
     xs = (params["layers"], ctx["k"], ctx["v"]) + rows
     x, (rk, rv) = jax.lax.scan(layer, _embed(spec, params, tokens, positions), xs)
-    x = jnp.take_along_axis(x, last[:, None, None], axis=1)
-    logits = _head(spec, params, x)[:, 0]
-    return logits, {"k": jnp.swapaxes(rk, 0, 1), "v": jnp.swapaxes(rv, 0, 1)}
+    every = last.ndim == 2  # teacher forcing: the logits of several new positions per row
+    x = jnp.take_along_axis(x, (last if every else last[:, None])[..., None], axis=1)
+    logits = _head(spec, params, x)
+    return (logits if every else logits[:, 0]), {"k": jnp.swapaxes(rk, 0, 1), "v": jnp.swapaxes(rv, 0, 1)}
 
 
 def empty_context(spec: DecoderSpec) -> dict:
