@@ -22,6 +22,13 @@ caches): ``session.next_logprobs(prefixes, lengths)`` answers like the model and
   ``UserWarning`` naming the bytes needed and the knob) instead of silently recomputing every
   child from the context.
 
+Teacher forcing. ``session.teacher_force(rows, known, top_m)`` returns the ``score_frontier``
+numbers (steps, top-m, eos) of each row's positions from ``known[i]`` on, reduced on device from
+ONE multi-token call per group of rows (the decoder returns logits at every fed position for a
+2-D ``last``); each row feeds only what no held prefix covers, and afterwards every prefix of
+what it fed is held (a radix cache over the scored trie; a user's step model keys whole fed
+prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
+
 Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``); the held
 rows are the real ones padded to a power of two. The SHARED context (the prompt's keys and values) is one ``C``-position
 array, ``C`` a power of two, held once by the prompted model and never copied per row; a row
@@ -363,7 +370,7 @@ class DecodingSession:
             for n, (k, i) in enumerate(derived):
                 q[:, n] = k, lens[i] - 2 - starts[k], toks[i, lens[i] - 1]
             extra_at.append({i: n for n, (_, i) in enumerate(derived)})
-            return (targets, *q)
+            return (self._base._put(targets), *q)  # the queries are not rows: replicated
 
         pending = [self._extend(slab, m, toks, lens - 1, ctx, params, reduce, extra) for (slab, _), m in groups.items()]
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
@@ -430,7 +437,8 @@ class DecodingSession:
         (the context when None): row ``i`` feeds ``toks[i, start:ends[i]]`` in one call (one
         position for a row whose parent is held). Returns ``(rows, starts, out)`` per call:
         ``out`` the log-softmax row after each row's last token, or with ``reduce`` (teacher
-        forcing) its reduction of every fed position's row, given ``extra(rows, starts, B, W)``."""
+        forcing) its reduction of every fed position's row, given ``extra(rows, starts, B, W)`` (its
+        device arguments)."""
         cache_in, s_in = (None, 0) if slab is None else self._slabs[slab][:2]
         idx = np.asarray([i for i, _, _ in members])
         starts = np.asarray([s for _, _, s in members], np.int32)
@@ -458,7 +466,7 @@ class DecodingSession:
                 rows_in = np.zeros(b, np.int32)
                 rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
                 cache = _gather(cache_in, put(rows_in))
-            args = () if reduce is None else tuple(put(x) for x in extra(part, part_start, b, w))
+            args = () if reduce is None else extra(part, part_start, b, w)
             rows, held = _decode(
                 self._dec.fn, params, put(block), put(start), put(last), ctx.cache, np.int32(ctx.length),
                 cache, s_out, reduce, args,
