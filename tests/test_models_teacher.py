@@ -86,6 +86,8 @@ def test_positions_counted_are_exactly_what_is_fed():
     # nothing new: known == len costs nothing; position 0 alone is the context's row
     assert check(m, s, [(1, 2, 3), (4,), ()], [3, 0, 0], 3) == 0
     assert check(m, s, [(3, 3)], [0], 3) == 1
+    empty = s.teacher_force([], [], 3)
+    assert empty.positions == 0 and empty.frontier.steps.shape == (0, 0)
     # rows whose fed prefix is a prefix of another's in the same call are not fed again
     fresh = decoding_session(m)
     rows = [(2, 2, 2, 2, 0), (2, 2, 2, 1), (2, 2, 0), (2, 2, 2, 2, 0), (2, 5, 1)]

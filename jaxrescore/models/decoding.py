@@ -247,8 +247,9 @@ class DecodingSession:
         and no warning).
       positions: token positions computed (each row the tokens it added to the cache it started
         from: 1 for a row whose parent was held, its length for a row prefilled from the context).
-      rows: rows answered; ``extended``: rows answered from a held parent or ancestor cache;
-        ``calls``: device calls made.
+      rows: rows answered; ``extended``: rows answered (or teacher-forced rows fed) from a held
+        parent or ancestor cache; ``calls``: device calls made. ``positions`` and ``calls``
+        count :meth:`teacher_force` too.
       nbytes: bytes of row caches held now; ``held_rows``: rows they cover;
         :attr:`bytes_per_row`: their ratio. The shared context is not counted (held once, on the
         prompted model).
@@ -308,7 +309,9 @@ class DecodingSession:
     def teacher_force(self, rows: Sequences, known: ArrayLike, top_m: int) -> TeacherForced:
         """Teacher-force ``rows`` from their positions ``known`` on, over the held caches (a radix
         cache over every prefix computed; see :mod:`jaxrescore.models.teacher`): the
-        ``score_frontier`` numbers of those positions, as the model's own (to float32 noise).
+        ``score_frontier`` numbers of those positions, as the model's own (to float32 noise; a
+        16-bit compute dtype's cached steps move up to ~0.09 nats, see
+        :mod:`jaxrescore.models.scores`).
 
         Position ``j`` is the next-token distribution after ``row[:j]`` (position 0: after the
         context, BOS and a prompt, read from the context's own row at no cost). Row ``i`` feeds
@@ -340,7 +343,7 @@ class DecodingSession:
             self._teach(batch, known, reduce, out, params, ctx)
         self._evict()
         frontier = out.result()
-        for values in (frontier.steps, frontier.top_lps):
+        for values in (frontier.steps, frontier.top_lps) if frontier.steps.size else ():
             check_nan(self.model, values, batch.lengths - known, "teacher_force")
         return TeacherForced(frontier, self.positions - before)
 
