@@ -15,27 +15,29 @@ with a per-noun preference; the object noun from the verb's class with a per-ver
 closing time word (today, again, ...) with a per-verb preference. Every list is Zipfian (the
 first word commonest). All tables come from a fixed seed, so the language is the same everywhere.
 
-Everything here is deterministic: the corpus is drawn with a fixed seed; the target is trained
-with :func:`jaxrescore.train_lm` from fixed seeds (byte-identical weights on one machine: the
-benchmark checks that with ``python3 benchmarks/wide.py --check-determinism``); the student is
-distilled with :func:`jaxrescore.distill` from fixed seeds; the n-gram is count-based. Trained
-weights are cached as ``wide_target.npz`` and ``wide_student.npz`` (``save_model``) and
-regenerated when missing.
+Everything here is deterministic: the corpus is drawn with a fixed seed; the models are made as
+``workload.py`` says (byte-identical weights on one machine: the benchmark checks that with
+``python3 benchmarks/wide.py --check-determinism``), cached as ``wide_target.npz`` and
+``wide_student.npz``.
 
     python3 benchmarks/wide.py --out DIR        # train (or load) and print held-out NLLs
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import hashlib
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import workload  # noqa: E402
+from workload import Setup  # noqa: E402
 
 # ---- the lexicon --------------------------------------------------------------------------------
 
@@ -391,50 +393,13 @@ class _NoParse(Exception):
 CORPUS_SEED = 1
 HELDOUT_SEED = 2
 
-
-@dataclass(frozen=True)
-class Setup:
-    """How the workload's models are made (``FULL`` or ``QUICK``).
-
-    Attributes:
-      name: ``"full"`` or ``"quick"``; cached files are ``wide_<role>[_quick].npz``.
-      corpus_size: training sentences (drawn with ``CORPUS_SEED``).
-      d_model, n_layers, n_heads, steps, batch_size, lr: the target and its ``train_lm`` run
-        (adamw, linear warm-up over 5% of the steps, then cosine decay to lr / 20).
-      draft_order: the n-gram draft's order.
-      student_d_model, student_layers, student_heads, distill_steps, distill_lr: the distilled
-        student draft and its ``distill`` run (same schedule shape).
-      seed: initialisation and batch-sampling seed of the target (the student uses seed + 1).
-    """
-
-    name: str
-    corpus_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    steps: int
-    batch_size: int
-    lr: float
-    draft_order: int
-    student_d_model: int
-    student_layers: int
-    student_heads: int
-    distill_steps: int
-    distill_lr: float
-    seed: int = 0
-
-    def path(self, folder: str, role: str) -> str:
-        """The cache file of ``role`` (``"target"`` or ``"student"``) in ``folder``."""
-        return os.path.join(folder, f"wide_{role}" + ("" if self.name == "full" else f"_{self.name}") + ".npz")
-
-
 # The n-gram order: held-out NLL per token of orders 2, 3, 4, 5 on this corpus is 2.340, 2.151,
 # 2.156, 2.149 nats; 3 is the smallest order within 0.002 nats of the best (fewest table rows).
-FULL = Setup("full", corpus_size=60_000, d_model=64, n_layers=2, n_heads=4, steps=1200, batch_size=128, lr=3e-3,
-             draft_order=3, student_d_model=32, student_layers=1, student_heads=2, distill_steps=600,
+FULL = Setup("wide", "full", corpus_size=60_000, d_model=64, n_layers=2, n_heads=4, steps=1200, batch_size=128,
+             lr=3e-3, draft_order=3, student_d_model=32, student_layers=1, student_heads=2, distill_steps=600,
              distill_lr=1e-2)
-QUICK = Setup("quick", corpus_size=6_000, d_model=32, n_layers=1, n_heads=2, steps=400, batch_size=64, lr=1e-2,
-              draft_order=3, student_d_model=32, student_layers=1, student_heads=2, distill_steps=150,
+QUICK = Setup("wide", "quick", corpus_size=6_000, d_model=32, n_layers=1, n_heads=2, steps=400, batch_size=64,
+              lr=1e-2, draft_order=3, student_d_model=32, student_layers=1, student_heads=2, distill_steps=150,
               distill_lr=1e-2)
 
 
@@ -444,98 +409,20 @@ def corpus(size: int, seed: int = CORPUS_SEED) -> tuple:
     return tuple(sample_corpus(size, seed))
 
 
-def _config(d_model: int, n_layers: int, n_heads: int):
-    from jaxrescore.models import TransformerConfig
-
+def data(setup: Setup) -> workload.Data:
+    """What ``setup``'s models are made from: the language's words and ``corpus(setup.corpus_size)``."""
     lang = language()
-    return TransformerConfig(
-        vocab_size=lang.vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=MAX_LEN,
-        eos=lang.eos,
-    )
-
-
-def target_config(setup: Setup):
-    return _config(setup.d_model, setup.n_layers, setup.n_heads)
-
-
-def student_config(setup: Setup):
-    return _config(setup.student_d_model, setup.student_layers, setup.student_heads)
-
-
-def _schedule(lr: float, steps: int):
-    import optax
-
-    return optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), steps, lr / 20)
-
-
-def train_target(setup: Setup, *, progress: bool = False):
-    """A freshly trained word-level TransformerLM (fixed seeds): ``(model, seconds)``."""
-    from jaxrescore import train_lm
-    from jaxrescore.models import TransformerLM
-
-    model = TransformerLM(target_config(setup), seed=setup.seed)
-    start = time.perf_counter()
-    train_lm(model, list(corpus(setup.corpus_size)), steps=setup.steps, batch_size=setup.batch_size,
-             lr=_schedule(setup.lr, setup.steps), seed=setup.seed, progress=progress)
-    return model, time.perf_counter() - start
-
-
-def distill_student(setup: Setup, target, *, progress: bool = False):
-    """A smaller TransformerLM distilled from ``target`` on the corpus (KL at every position,
-    fixed seeds): ``(model, seconds)``."""
-    from jaxrescore import distill
-    from jaxrescore.models import TransformerLM
-
-    student = TransformerLM(student_config(setup), seed=setup.seed + 1)
-    start = time.perf_counter()
-    distill(student, target, list(corpus(setup.corpus_size)), steps=setup.distill_steps,
-            batch_size=setup.batch_size, lr=_schedule(setup.distill_lr, setup.distill_steps), seed=setup.seed + 1,
-            progress=progress)
-    return student, time.perf_counter() - start
-
-
-def _load(path: str, config):
-    from jaxrescore.models import load_model
-
-    model = load_model(path)
-    if getattr(model, "config", None) != config:
-        raise ValueError(f"{path} holds a {model!r}, not the wide workload's model; delete it to retrain")
-    return model
+    return workload.Data(words=lang.words, eos=lang.eos, max_len=MAX_LEN, train=corpus(setup.corpus_size))
 
 
 def load_or_train(setup: Setup, folder: str | None, *, progress: bool = False):
-    """``(target, student, seconds)``: the cached models in ``folder`` when present, else trained
-    now (the target with ``train_lm``, then the student distilled from it) and saved there
-    (``folder=None``: trained, not saved). ``seconds`` maps ``"target"``/``"student"`` to the
-    training time spent in this call (absent when loaded). A retrained target always gets a
-    freshly distilled student."""
-    from jaxrescore.models import save_model
-
-    seconds = {}
-    paths = {role: None if folder is None else setup.path(folder, role) for role in ("target", "student")}
-    if paths["target"] is not None and os.path.exists(paths["target"]):
-        target = _load(paths["target"], target_config(setup))
-    else:
-        target, seconds["target"] = train_target(setup, progress=progress)
-    if "target" not in seconds and paths["student"] is not None and os.path.exists(paths["student"]):
-        student = _load(paths["student"], student_config(setup))
-    else:
-        student, seconds["student"] = distill_student(setup, target, progress=progress)
-    if folder is not None:
-        os.makedirs(folder, exist_ok=True)
-        for role, model in (("target", target), ("student", student)):
-            if role in seconds:
-                save_model(model, paths[role], vocabulary=language().words)
-    return target, student, seconds
+    """:func:`workload.load_or_train` on this workload: ``(target, student, seconds)``."""
+    return workload.load_or_train(setup, data(setup), folder, progress=progress)
 
 
 def fit_draft(setup: Setup):
     """The n-gram draft: interpolated Kneser-Ney over words, fitted on the same corpus."""
-    from jaxrescore.models import NGramLM
-
-    lang = language()
-    seqs = list(corpus(setup.corpus_size))
-    return NGramLM.fit(seqs, order=setup.draft_order, vocab_size=lang.vocab_size, eos=lang.eos, max_len=MAX_LEN)
+    return workload.fit_draft(setup, data(setup))
 
 
 def heldout_nll(models: dict, n: int = 2000) -> dict:
@@ -543,59 +430,11 @@ def heldout_nll(models: dict, n: int = 2000) -> dict:
     (``"source"``: the grammar's own)."""
     held = sample_corpus(n, HELDOUT_SEED)
     tokens = sum(len(s) for s in held)
-    out = {"source": -sum(source_logprob(s) for s in held) / tokens}
-    for name, model in models.items():
-        out[name] = -float(np.sum(model.score_sequences(held))) / tokens
-    return out
-
-
-def file_digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def check_determinism(setup: Setup) -> bool:
-    """Train the target and distil the student twice; print and compare the saved files' SHA-256."""
-    import tempfile
-
-    from jaxrescore.models import save_model
-
-    digests = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for run in range(2):
-            target, t_seconds = train_target(setup)
-            student, s_seconds = distill_student(setup, target)
-            pair = []
-            for role, model in (("target", target), ("student", student)):
-                path = os.path.join(tmp, f"{role}{run}.npz")
-                save_model(model, path, vocabulary=language().words)
-                pair.append(file_digest(path))
-            digests.append(tuple(pair))
-            print(f"run {run}: target {t_seconds:.1f} s sha256 {pair[0][:16]}..., student {s_seconds:.1f} s "
-                  f"sha256 {pair[1][:16]}...")
-    same = digests[0] == digests[1]
-    print("byte-identical" if same else "DIFFERENT")
-    return same
+    return {"source": -sum(source_logprob(s) for s in held) / tokens, **workload.nll_per_token(models, held)}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".", help="folder of the cached model files")
-    ap.add_argument("--quick", action="store_true", help="the tiny --quick setup")
-    ap.add_argument("--check-determinism", action="store_true",
-                    help="train twice into temporary files and compare their bytes")
-    args = ap.parse_args(argv)
-    setup = QUICK if args.quick else FULL
-    if args.check_determinism:
-        return 0 if check_determinism(setup) else 1
-    target, student, seconds = load_or_train(setup, args.out, progress=True)
-    for role, model in (("target", target), ("student", student)):
-        how = f"trained in {seconds[role]:.1f} s" if role in seconds else "loaded"
-        print(f"{role} {model!r}, {model.n_params:,} parameters, {how}, {setup.path(args.out, role)}")
-    draft = fit_draft(setup)
-    print(f"n-gram draft {draft!r}")
-    print("held-out NLL per token (nats):", heldout_nll({"target": target, "student": student, "n-gram": draft}))
-    return 0
+    return workload.main(argv, __doc__.splitlines()[0], {"full": FULL, "quick": QUICK}, data, heldout_nll)
 
 
 if __name__ == "__main__":
