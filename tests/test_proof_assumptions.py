@@ -40,8 +40,9 @@ def test_views_cut_at_max_len_vocabulary_and_first_eos():
 
 def test_noise_a_query_can_see_refuses_the_proof():
     """A per-prefix target whose tables move by 0.05 nats between calls (far beyond its 1e-6
-    tolerance): the search sees the root's distribution move between rounds and stops unproven,
-    saying why; the same target without the noise is proven."""
+    tolerance). A search never recomputes a scored prefix, so the noise it can see is a node's
+    fetched full row against the top-m of its forward (top_m < V): it stops unproven, saying
+    why; the same target without the noise is proven."""
     vocab, max_len = 4, 3
     base = _table(vocab, 1)
     rng = np.random.default_rng(2)
@@ -53,10 +54,10 @@ def test_noise_a_query_can_see_refuses_the_proof():
 
     target = CallableModel(noisy, vocab_size=vocab, max_len=max_len)
     draft = CallableModel(lambda p: (np.arange(vocab), np.full(vocab, -np.log(vocab))), vocab_size=vocab, max_len=max_len)
-    r = RescoredIndex(SeekIndex(draft), target, rerank_window=0).top_k(3, prove=True)
+    r = RescoredIndex(SeekIndex(draft), target, rerank_window=0, top_m=2).top_k(3, prove=True)
     assert r.rounds == 2 and r.proven is False and "moved by" in r.proof_reason
     quiet = CallableModel(base, vocab_size=vocab, max_len=max_len)
-    assert RescoredIndex(SeekIndex(draft), quiet, rerank_window=0).top_k(3, prove=True).proven is True
+    assert RescoredIndex(SeekIndex(draft), quiet, rerank_window=0, top_m=2).top_k(3, prove=True).proven is True
 
 
 def _foreign_target(alter):

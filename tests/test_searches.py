@@ -33,9 +33,10 @@ def test_until_certified_grows_until_a_true_gap_certifies(seed, eos):
     np.testing.assert_allclose([lp for _, lp in r.items], want, atol=1e-9)
     if plain.certified is False:
         assert r.rounds >= 2
-    # every round scored only new sequences, one call each
-    assert len(scored) == len(set(scored)) == grown.target_sequences
-    assert grown.target_calls == r.rounds
+    # every round scored only new sequences, in one call at most (a sequence whose every
+    # position the set already holds needs no forward)
+    assert len(scored) == len(set(scored)) <= grown.target_sequences
+    assert grown.target_calls <= r.rounds
 
 
 def test_until_certified_stops_on_a_refuted_gap_and_needs_a_gap():

@@ -50,14 +50,15 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
             skip = np.repeat([len(pr) for pr in prompts], sizes).astype(np.int32)
             raw = model.score_sequences(from_tuples(seqs), skip=skip)
         tolerance = min(s.tolerance for s in sets)
-        return [(sc, None) for sc in np.split(checked_scores(raw, flat, tolerance), splits)]
+        return [(sc, None, s.full_positions(part))
+                for sc, s, part in zip(np.split(checked_scores(raw, flat, tolerance), splits), sets, parts)]
     cut = [forward_rows(part, s.structure) for s, part in zip(sets, parts)]
     rows = [r for rs, _ in cut for r in rs]
     fs = frontier_scores(model, rows, sets[0].top_m, [pr for pr, rs in zip(prompts, cut) for _ in rs[0]])
     out = []
     for (rs, ok), s, lo, hi in zip(cut, sets, np.concatenate([[0], splits]), np.cumsum(sizes)):
         block = FrontierScores(*(a[lo:hi] for a in fs))
-        out.append((checked_frontier(block, parts[len(out)], ok, s.tolerance), (rs, block)))
+        out.append((checked_frontier(block, parts[len(out)], ok, s.tolerance), (rs, block), s.full_positions(rs)))
     return out
 
 
@@ -98,7 +99,7 @@ def rescore_many(
              for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [pull.seqs for pull in pulls]
-    results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None)] * len(parts)
+    results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
     for s, pull, scored in zip(sets, pulls, results):
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = 1 if any(parts) else 0

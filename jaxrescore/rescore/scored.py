@@ -24,6 +24,7 @@ from jaxrescore.models.base import Structure
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.frontier import ScoredArrays, complete
+from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, pad_fresh, plan, session_of, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
 from jaxrescore.sequences import from_tuples
 
@@ -110,8 +111,10 @@ class ScoredSet:
       proves: whether the target gave distributions (``score_frontier``): only then is a frontier
         bound available.
       calls, sequences: target calls made and sequences (or prefix rows) evaluated by this set.
-      positions: token positions those calls computed (a full forward each: the prompt's
-        positions counted in every row, a fetched row after ``n`` tokens ``n + 1``).
+      positions: token positions those calls computed: with a target that decodes
+        incrementally, one per new trie node (the prompt's cache, computed once per model, is not
+        counted); otherwise a full forward per row that needs any new position (the prompt
+        counted in each), a fetched row after ``n`` tokens ``n + 1``.
     """
 
     def __init__(self, target: Any, score, top_m: int = DEFAULT_TOP_M, draft_scores=None):
@@ -136,6 +139,9 @@ class ScoredSet:
         self.sequences = 0
         self.positions = 0
         self._prompt = len(getattr(target, "prompt", ()) or ())
+        self._known = KnownPrefixes()
+        # Teacher forcing on top of held key/value caches (None: full forwards), see reuse.py.
+        self._session = session_of(target) if self.proves else None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -196,12 +202,43 @@ class ScoredSet:
 
     def score(self, seqs: list):
         """Score ``seqs`` in ONE target call: ``(float64[N] scores, (rows, FrontierScores) or
-        None)``. Does not add them (see :meth:`add`)."""
+        None, positions)``, ``positions`` the token positions the target computed (only what the
+        set does not hold already, see :mod:`jaxrescore.rescore.reuse`). Does not add them (see
+        :meth:`add`)."""
         if not self.proves:
-            return checked_scores(self._score(seqs), seqs, self.tolerance), None
+            return checked_scores(self._score(seqs), seqs, self.tolerance), None, self.full_positions(seqs)
         rows, ok = forward_rows(seqs, self.structure)
-        fs = frontier_scores(self.target, rows, self.top_m)
-        return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs)
+        fs, positions = self._forward(seqs, rows, ok)
+        return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs), positions
+
+    def full_positions(self, rows: list) -> int:
+        """Token positions full forwards of ``rows`` compute (the prompt counted in each)."""
+        return sum(self._prompt + len(r) for r in rows)
+
+    def _forward(self, seqs: list, rows: list, ok: np.ndarray) -> tuple[FrontierScores, int]:
+        """The views ``rows`` (of ``seqs``; ``ok``: in the support) as per-position arrays,
+        computing only what the set does not hold: on top of held key/value caches when the
+        target decodes incrementally, else by full forwards of the rows that need any position,
+        each checked as it comes (see :mod:`jaxrescore.rescore.reuse`)."""
+        s = self._arrays() if self.seqs else None
+        structure = self.structure
+        if s is None:
+            reused = Reused(np.zeros(len(rows), np.int64), *(np.full(len(rows), -1, np.int64) for _ in range(2)),
+                            np.full(len(rows), np.nan))
+        else:
+            reused = plan(rows, self._known, s, self.rows, structure.eos)
+        need = np.flatnonzero(reused.known < np.array([len(r) for r in rows], np.int64))
+        fresh, positions = None, 0
+        if need.size:
+            part = [rows[i] for i in need]
+            if self._session is not None:
+                fs, positions = self._session.teacher_force(part, reused.known[need], self.top_m)
+            else:
+                fs = frontier_scores(self.target, part, self.top_m)
+                checked_frontier(fs, [seqs[i] for i in need], ok[need], self.tolerance)
+                fs, positions = shift_left(fs, reused.known[need]), self.full_positions(part)
+            fresh = pad_fresh(fs, need, len(rows))
+        return assemble(rows, reused, s, fresh), positions
 
     def add(self, seqs: list, draft_lps, ranks, *, scored=None) -> None:
         """Add sequences not scored yet (the caller passes only new ones), scoring them in one
@@ -211,11 +248,11 @@ class ScoredSet:
             return
         if scored is None:
             scored = self.score(seqs)
-            self.calls += 1
-        scores, block = scored
+            self.calls += int(scored[1] is None or scored[2] > 0)  # a call, unless all was known
+        scores, block, positions = scored
         evidence = self._view_evidence(seqs, block)  # before any change: it may raise
         self.sequences += len(seqs)
-        self.positions += sum(self._prompt + len(r) for r in (seqs if block is None else block[0]))
+        self.positions += positions
         if evidence is not None:
             self._evidence.append(evidence)
         self._adds.append(len(self.seqs))
@@ -226,6 +263,7 @@ class ScoredSet:
         self._draft.append(np.asarray(draft_lps, np.float64).reshape(len(seqs)))
         self._ranks.append(np.asarray(ranks, np.int64).reshape(len(seqs)))
         if block is not None:
+            self._known.add(self._adds[-1], block[0])
             self._blocks.append(block)
         self._cache = None
 
@@ -240,12 +278,17 @@ class ScoredSet:
         for i, p in enumerate(prefixes):
             toks[i, : len(p)] = p
         lens = np.array([len(p) for p in prefixes], np.int32)
-        rows = np.asarray(self.target.next_logprobs(toks, lens), np.float32)
+        model = self.target if self._session is None else self._session
+        before = 0 if self._session is None else self._session.positions
+        rows = np.asarray(model.next_logprobs(toks, lens), np.float32)
         if rows.shape[0] != len(prefixes) or np.isnan(rows).any():
             raise ValueError(f"target.next_logprobs returned {rows.shape} rows (or NaN) for {len(prefixes)} prefixes")
         self.calls += 1
         self.sequences += len(prefixes)
-        self.positions += sum(self._prompt + len(p) + 1 for p in prefixes)
+        if self._session is None:
+            self.positions += sum(self._prompt + len(p) + 1 for p in prefixes)
+        else:
+            self.positions += self._session.positions - before
         for p, r in zip(prefixes, rows):
             self.rows[p] = np.minimum(r, 0.0)
         self._cache = None

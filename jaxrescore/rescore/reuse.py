@@ -1,0 +1,175 @@
+"""Never recompute a scored prefix: new rows' forwards from what the scored set already holds.
+
+A proving search teacher-forces sequences that mostly extend prefixes it scored in earlier rounds
+(an exit ``p + t`` and the draft's path after it). Every position of a scored row holds its node's
+next-token distribution (top-m, eos) and the step into the next token, so a new row ``v`` needs
+the target only AFTER its deepest known prefix:
+
+- :class:`KnownPrefixes` maps every prefix whose distribution the set holds to ``(row,
+  position)`` where it was computed; it is prefix-closed (a row registers each of its prefixes),
+  so a row's deepest known prefix is found by bisection;
+- positions ``<= i`` of ``v`` (``i``: its deepest known prefix ``v[:i]``) and steps ``< i`` are
+  copied from the row holding ``v[:i]``; the step ``log p(v[i] | v[:i])`` is copied too when
+  ``v[i]`` is named there (in the top-m, ``eos``, or a fetched full row) — a search's exit
+  ``p + t`` always is — else position ``i`` is recomputed;
+- only the rest is computed: by a :class:`~jaxrescore.models.decoding.DecodingSession`'s
+  ``teacher_force`` on top of the key/value cache of the known prefix (one token position per new
+  node), or, for a target without an incremental forward, by its full ``score_frontier`` of the
+  rows that need anything (a row whose every position is known, e.g. ``p + eos`` after a scored
+  ``p``, costs no forward at all).
+
+Soundness is unchanged: every number is the target's own, from one of its forwards (assumption 4
+of :mod:`jaxrescore.rescore.frontier`: one prefix's numbers agree between forwards within the
+target's ``score_tolerance``, which covers the cached path's float noise; a recomputed position is
+compared with its first computation like any repeated prefix).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxrescore.models.decoding import decoding_session
+from jaxrescore.models.scores import FrontierScores
+from jaxrescore.rescore.frontier import ScoredArrays
+
+
+class KnownPrefixes:
+    """Every prefix (a tuple of tokens, the view's) whose next-token distribution a scored set
+    holds, with where: ``prefix -> (row, position)``. Prefix-closed by construction."""
+
+    def __init__(self):
+        self._at: dict[tuple, tuple[int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def add(self, first_row: int, views: list) -> None:
+        """Register the views of rows ``first_row, first_row + 1, ...``: position ``j < len(v)``
+        of each holds the distribution after ``v[:j]``. Each new prefix is registered once."""
+        at = self._at
+        for row, v in enumerate(views, start=first_row):
+            for j in range(len(v) - 1, -1, -1):
+                key = v[:j]
+                if key in at:
+                    break  # prefix-closed: every shorter prefix is registered too
+                at[key] = (row, j)
+
+    def deepest(self, v: tuple) -> tuple[int, int, int]:
+        """``(i, row, position)``: the longest prefix ``v[:i]`` (``i < len(v)``) whose
+        distribution is held, and where; ``(-1, -1, -1)`` when none is."""
+        at = self._at
+        if not v or () not in at:
+            return -1, -1, -1
+        lo, hi = 0, len(v) - 1  # v[:lo] is held; find the largest such lo <= hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if v[:mid] in at:
+                lo = mid
+            else:
+                hi = mid - 1
+        row, pos = at[v[:lo]]
+        return lo, row, pos
+
+
+class Reused(NamedTuple):
+    """What is known of new rows before any forward: ``known int64[N]`` positions (and steps)
+    per row, and the rows and positions they are copied from (``src_row``/``src_pos``, -1: none),
+    plus the step at the deepest known prefix where it is named there (``named_step``, NaN: not
+    named, ``known`` stops before it)."""
+
+    known: np.ndarray
+    src_row: np.ndarray
+    src_pos: np.ndarray
+    named_step: np.ndarray
+
+
+def plan(views: list, prefixes: KnownPrefixes, s: ScoredArrays, fetched: dict, eos: int | None) -> Reused:
+    """How much of each new view is known (see the module docstring)."""
+    n = len(views)
+    known = np.zeros(n, np.int64)
+    src_row = np.full(n, -1, np.int64)
+    src_pos = np.full(n, -1, np.int64)
+    named = np.full(n, np.nan)
+    for r, v in enumerate(views):
+        i, row, pos = prefixes.deepest(v)
+        if i < 0:
+            continue
+        src_row[r], src_pos[r] = row, pos
+        step = _named_step(s, row, pos, v[i], fetched.get(v[:i]), eos)
+        named[r] = step
+        known[r] = i if np.isnan(step) else i + 1
+    return Reused(known, src_row, src_pos, named)
+
+
+def _named_step(s: ScoredArrays, row: int, pos: int, token: int, full_row, eos: int | None) -> float:
+    """``log p(token | prefix)`` from what the set holds of the prefix's distribution (at
+    ``(row, pos)``, or its fetched full row), NaN when the token is not named there."""
+    if full_row is not None and token < full_row.size:
+        return float(full_row[token])
+    if eos is not None and token == eos:
+        return float(s.eos_lps[row, pos])
+    hit = np.flatnonzero(s.top_ids[row, pos] == token)
+    if hit.size:
+        value = float(s.top_lps[row, pos, hit[0]])
+        if value > -np.inf:  # a padding entry (id 0 at -inf) names nothing
+            return value
+    return np.nan
+
+
+def assemble(views: list, reused: Reused, s: ScoredArrays | None, fresh: FrontierScores | None) -> FrontierScores:
+    """The full per-position arrays of the new ``views``: known positions copied from
+    ``s`` (``reused``), the rest from ``fresh`` (positions ``known[i]..`` of row ``i``,
+    left-aligned; None when nothing was computed). Scores are the sums of the steps."""
+    n = len(views)
+    m = max([a.top_lps.shape[2] for a in (s, fresh) if a is not None] + [1])
+    width = max([len(v) for v in views] + [1])
+    steps = np.zeros((n, width))
+    top_lps = np.full((n, width, m), -np.inf, np.float32)
+    top_ids = np.zeros((n, width, m), np.int32)
+    eos_lps = np.full((n, width), -np.inf, np.float32)
+    for r, v in enumerate(views):
+        k, row, pos = int(reused.known[r]), int(reused.src_row[r]), int(reused.src_pos[r])
+        if row >= 0:  # positions 0..pos of the source row are this row's own prefixes
+            copy = min(k, pos + 1)
+            steps[r, :pos] = s.steps[row, :pos]
+            ms = s.top_lps.shape[2]
+            top_lps[r, :copy, :ms] = s.top_lps[row, :copy]
+            top_ids[r, :copy, :ms] = s.top_ids[row, :copy]
+            eos_lps[r, :copy] = s.eos_lps[row, :copy]
+            if k > pos:
+                steps[r, pos] = reused.named_step[r]
+        new = len(v) - k
+        if new > 0:
+            steps[r, k : len(v)] = fresh.steps[r, :new]
+            mf = fresh.top_lps.shape[2]
+            top_lps[r, k : len(v), :mf] = fresh.top_lps[r, :new]
+            top_ids[r, k : len(v), :mf] = fresh.top_ids[r, :new]
+            eos_lps[r, k : len(v)] = fresh.eos_lps[r, :new]
+    return FrontierScores(steps.sum(axis=1), steps, top_lps, top_ids, eos_lps)
+
+
+def pad_fresh(fs: FrontierScores, idx: np.ndarray, n: int) -> FrontierScores:
+    """``fs`` of the rows ``idx`` of a batch of ``n`` placed at those rows (others empty)."""
+    w, m = fs.top_lps.shape[1:]
+    out = FrontierScores(np.zeros(n), np.zeros((n, w)), np.full((n, w, m), -np.inf, np.float32),
+                         np.zeros((n, w, m), np.int32), np.full((n, w), -np.inf, np.float32))
+    for full, part in zip(out, fs):
+        full[idx] = part
+    return out
+
+
+def shift_left(fs: FrontierScores, by: np.ndarray) -> FrontierScores:
+    """A full forward's arrays with row ``i``'s first ``by[i]`` positions dropped (left-aligned
+    like a cached forward's)."""
+    n, w = fs.steps.shape
+    cols = np.minimum(np.arange(w)[None, :] + by[:, None], w - 1)
+    take = lambda a: np.take_along_axis(a, cols.reshape(cols.shape + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
+    return FrontierScores(fs.scores, take(fs.steps), take(fs.top_lps), take(fs.top_ids), take(fs.eos_lps))
+
+
+def session_of(target: Any):
+    """A decoding session over ``target`` when it decodes incrementally (None otherwise)."""
+    session = decoding_session(target)
+    return session if hasattr(session, "teacher_force") else None  # TEMP until teacher_force lands
