@@ -72,11 +72,12 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
     (:mod:`jaxrescore.models.decoding`).
 
     Speculation stops where it can no longer matter: with ``values`` (float64[P], each prefix's
-    exact target log-prob) and a finite ``floor``, a row of a terminating target whose estimate
-    (its prefix's value plus the model's log-probs of the tokens it added) falls below ``floor``
-    is closed with ``eos`` at once. That sequence is in the support and its forward gives the
-    target's distribution after the last speculated token: the node becomes a live prefix with
-    exact exits instead of a long path far below the answer."""
+    exact target log-prob) and a finite ``floor``, a row of a terminating target is closed with
+    ``eos`` instead of taking a token that would bring its estimate (its prefix's value plus the
+    model's log-probs of the tokens it added) below ``floor`` (and a fork below it is not made).
+    That sequence is in the support and its forward gives the target's distribution after the
+    last speculated token: the node becomes a live prefix with exact exits, and no node the draft
+    already expects below the answer is computed."""
     model = incremental(model)
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))
@@ -91,9 +92,9 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
         alive = lens < max_len
         if eos is not None:  # a row that ended with eos is complete
             alive &= ~((lens > 0) & (rows[np.arange(lens.size), np.maximum(lens - 1, 0)] == eos))
-        if eos is not None:  # the last position (or a path below floor): only eos, closing it
+        if eos is not None:  # the last position (or a prefix below floor): only eos, closing it
             at_end = alive & ((lens == max_len - 1) | (est < floor))
-            rows[at_end, max_len - 1] = eos
+            rows[at_end, lens[at_end]] = eos
             lens[at_end] += 1
             alive &= ~at_end
         idx = np.flatnonzero(alive)
@@ -111,13 +112,18 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
         if first and branch > 1:
             order = np.argsort(-lp, axis=1, kind="stable")[:, :branch]
-            # forks: each alive row's 2nd..branch-th likeliest finite tokens, as new rows at the end
-            j, c = np.nonzero(np.isfinite(np.take_along_axis(lp, order[:, 1:], axis=1)))
+            # forks: each alive row's 2nd..branch-th likeliest finite tokens whose estimate stays
+            # at or above the floor, as new rows at the end
+            fork_lp = np.take_along_axis(lp, order[:, 1:], axis=1)
+            j, c = np.nonzero(np.isfinite(fork_lp) & (est[idx][:, None] + fork_lp >= floor))
             forks = rows[idx[j]]
             forks[np.arange(j.size), lens[idx[j]]] = order[j, c + 1]
             best = order[:, 0]
         else:
             j, forks, best = np.zeros(0, np.int64), rows[:0], np.argmax(lp, axis=1)  # first max, as the stable sort
+        if eos is not None:  # a token that takes the estimate below the floor is not speculated:
+            below = est[idx] + lp[np.arange(idx.size), best] < floor  # the path ends here instead
+            best = np.where(below, eos, best)
         rows[idx, lens[idx]] = best
         fork_lens = lens[idx[j]] + 1
         fork_est = est[idx[j]] + lp[j, order[j, c + 1]] if j.size else est[:0]
