@@ -45,16 +45,20 @@ class KnownPrefixes:
     def __len__(self) -> int:
         return len(self._at)
 
-    def add(self, first_row: int, views: list) -> None:
+    def add(self, first_row: int, views: list) -> tuple[np.ndarray, np.ndarray]:
         """Register the views of rows ``first_row, first_row + 1, ...``: position ``j < len(v)``
-        of each holds the distribution after ``v[:j]``. Each new prefix is registered once."""
-        at = self._at
+        of each holds the distribution after ``v[:j]``. Each new prefix is registered once;
+        returns where the new ones are, ``(rows int64[P], positions int64[P])``."""
+        at, rows, positions = self._at, [], []
         for row, v in enumerate(views, start=first_row):
             for j in range(len(v) - 1, -1, -1):
                 key = v[:j]
                 if key in at:
                     break  # prefix-closed: every shorter prefix is registered too
                 at[key] = (row, j)
+                rows.append(row)
+                positions.append(j)
+        return np.array(rows, np.int64), np.array(positions, np.int64)
 
     def deepest(self, v: tuple) -> tuple[int, int, int]:
         """``(i, row, position)``: the longest prefix ``v[:i]`` (``i < len(v)``) whose
@@ -171,5 +175,4 @@ def shift_left(fs: FrontierScores, by: np.ndarray) -> FrontierScores:
 
 def session_of(target: Any):
     """A decoding session over ``target`` when it decodes incrementally (None otherwise)."""
-    session = decoding_session(target)
-    return session if hasattr(session, "teacher_force") else None  # TEMP until teacher_force lands
+    return decoding_session(target)

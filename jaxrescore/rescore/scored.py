@@ -140,6 +140,7 @@ class ScoredSet:
         self.positions = 0
         self._prompt = len(getattr(target, "prompt", ()) or ())
         self._known = KnownPrefixes()
+        self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
         # Teacher forcing on top of held key/value caches (None: full forwards), see reuse.py.
         self._session = session_of(target) if self.proves else None
 
@@ -263,9 +264,18 @@ class ScoredSet:
         self._draft.append(np.asarray(draft_lps, np.float64).reshape(len(seqs)))
         self._ranks.append(np.asarray(ranks, np.int64).reshape(len(seqs)))
         if block is not None:
-            self._known.add(self._adds[-1], block[0])
+            self._new_nodes = self._known.add(self._adds[-1], block[0])
             self._blocks.append(block)
         self._cache = None
+
+    def new_node_values(self) -> np.ndarray:
+        """float64[P]: the target log-probs of the prefixes the last add computed first (one per
+        new trie node with a distribution): what its forward spent its positions on."""
+        rows, positions = self._new_nodes
+        if not rows.size:
+            return np.zeros(0)
+        steps = self.arrays().steps[rows]
+        return np.where(np.arange(steps.shape[1])[None, :] < positions[:, None], steps, 0.0).sum(axis=1)
 
     def fetch_rows(self, prefixes: list) -> None:
         """Fetch the target's full next-token rows of ``prefixes`` in one call (for exits whose

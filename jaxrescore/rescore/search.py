@@ -44,11 +44,30 @@ from jaxrescore.rescore.scored import ScoredSet
 # most about half of what it opens comes from its last round. The trade-off between calls and
 # positions is measured in BENCHMARKS.md ("search width", benchmarks/bench_search_width.py).
 SEARCH_WIDTH = 8
+# The adaptive width (see adapt_width): the share of last round's new trie nodes that scored at
+# least the current worst answer above which the width doubles, and below which it halves.
+YIELD_WIDEN = 0.5
+YIELD_NARROW = 0.25
 
 
 def first_width(search_width: int | None, k: int) -> float:
     """Exits the first round may open: ``search_width * k``, or every open exit (``inf``)."""
     return math.inf if search_width is None else float(search_width * k)
+
+
+def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> float:
+    """This round's width from the last round's: doubled when at least half of the trie nodes
+    the last round computed score at least the current worst answer (the draft's speculation is
+    landing: trust it wider, fewer rounds), halved (to at least ``k``) when under a
+    fourth do (the draft is guessing: fewer positions spent below the answer)."""
+    if not math.isfinite(width) or not node_values.size or not math.isfinite(worst):
+        return width
+    landed = float(np.mean(node_values >= worst))
+    if landed >= YIELD_WIDEN:
+        return 2 * width
+    if landed < YIELD_NARROW:
+        return max(float(k), width / 2)
+    return width
 
 
 def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
@@ -89,11 +108,12 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         opened = _open_prefixes(scored, front, start, k, fetch=0)
     prefixes, values = opened
     worst = kth_best(scored.target_lps, start + k - 1)
+    width = adapt_width(width, scored.new_node_values(), worst, k)
     take = int(min(room, width))
     new = scored.new(complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance)))[:room]
     if not new:
         return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width
-    return proof, new, 2 * width
+    return proof, new, width
 
 
 class SearchState(NamedTuple):
