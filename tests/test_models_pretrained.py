@@ -480,7 +480,8 @@ def test_mesh_with_split_weights_gives_the_same_answers(gpt2_pair, llama_pair, t
         "items": [[list(s), lp] for s, lp in one.items], "seqs": seqs, "tables": tables.tolist(),
     }
     (tmp_path / "want.json").write_text(json.dumps(want))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     cache = jax.config.jax_compilation_cache_dir or str(tmp_path / "cache")
     out = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path / "want.json"), cache], env=env,
                          capture_output=True, text=True, timeout=600)
