@@ -96,8 +96,8 @@ SCRIPT = textwrap.dedent(
     # an index over a split model, built under the user's own explicit mesh context
     mesh = meshes["make_mesh"]
     with jax.set_mesh(mesh):
-        a = SeekIndex(tf.with_mesh(mesh, shard_params=True), initial_bits=8, progress=False)
-    b = SeekIndex(tf, initial_bits=8, progress=False)
+        a = SeekIndex(tf.with_mesh(mesh, shard_params=True), initial_bits=6, progress=False)
+    b = SeekIndex(tf, initial_bits=6, progress=False)
     assert [s for s, _ in a.slice(0, len(a))] == [s for s, _ in b.slice(0, len(b))]
     # training on a mesh (split weights) follows the single-device run
     data = [s for s in seqs]
