@@ -32,7 +32,7 @@ sys.path.insert(0, HERE)
 SECTIONS = [
     ("proven", "bench_proven"),
     ("wide", "bench_wide"),
-    ("search_width", "bench_search_width"),
+    ("proof_compute", "bench_proof_compute"),
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
     ("small_batch", "bench_small_batch"),

@@ -91,8 +91,8 @@ def test_eos_target_under_a_fixed_length_draft_that_places_eos_mid_sequence():
 
 
 def test_inferred_vocabulary_target_with_default_top_m():
-    """Issue 19 item 2: a per-prefix target without ``vocab_size`` (inferred) at V=40 with the
-    default ``top_m=32``. Token 39 is the root's 40th likeliest, but the step after it is certain,
+    """Issue 19 item 2: a per-prefix target without ``vocab_size`` (inferred) at V=40 with
+    ``top_m=32`` (the default before it became 64). Token 39 is the root's 40th likeliest, but the step after it is certain,
     so (39, 0) is the target's best sequence; only the root's "rest" exit (every token outside
     its top 32) bounds it. The draft ranks it last."""
     V = 40
@@ -117,7 +117,8 @@ def test_inferred_vocabulary_target_with_default_top_m():
     assert best == (V - 1, 0)
     # a fresh inferred-vocabulary target each time: none has seen a table before its query
     assert_top1_proven(
-        lambda w: RescoredIndex(SeekIndex(draft, progress=False), CallableModel(target_fn, max_len=2), rerank_window=w),
+        lambda w: RescoredIndex(SeekIndex(draft, progress=False), CallableModel(target_fn, max_len=2), rerank_window=w,
+                                top_m=32),
         truth, (0, 5), "a 1,600-sequence support")
 
 

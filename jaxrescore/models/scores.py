@@ -37,8 +37,11 @@ from jaxrescore.models.checks import check_tokens
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
 
-# Default number of top next-token log-probs a forward keeps per position.
-DEFAULT_TOP_M = 32
+# Default number of top next-token log-probs a forward keeps per position. 64 rather than 32: on
+# the wide workload (V = 309) fewer "rest" exits stay open, so a proof fetches fewer full rows
+# (one target call each round it does): the student proof at k = 100 took 21 calls with 32 and
+# 17 with 64 or 128 (benchmarks/bench_search_width.py's prompts), at half the memory of 128.
+DEFAULT_TOP_M = 64
 # Up to this vocabulary, a forward asked for top_m >= V ships whole rows (unordered) instead.
 FULL_ROWS_MAX_VOCAB = 256
 # Score tolerances (nats), see the module docstring. float32 covers the measured 1.75e-4 with a

@@ -125,13 +125,15 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
     """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
     rounds each has made): per round, each unproven index's new sequences, scored together in ONE
     call. Returns each index's final search state."""
-    states = [SearchState(None, r, first_width(ri.search_width, k)) for ri, r in zip(indexes, rounds)]
+    states = [SearchState(None, r, first_width(ri.search_width, k), adaptive=ri.adaptive_width)
+              for ri, r in zip(indexes, rounds)]
     while True:
         new = {}
         for i, (ri, state) in enumerate(zip(indexes, states)):
             if state.stopped:
                 continue
-            proof, more, width = next_round(sets[i], 0, k, ri.complete, budget, state.rounds, state.width)
+            proof, more, width = next_round(sets[i], 0, k, ri.complete, budget, state.rounds, state.width,
+                                            state.adaptive)
             states[i] = state._replace(proof=proof, stopped=more is None)
             if more is not None:
                 new[i] = (more, width)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxrescore._checks import check_int
+from jaxrescore._checks import check_bool, check_int
 from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
 from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.answer import decide_proofs, results, run_core
@@ -56,8 +56,12 @@ class RescoredIndex:
       completion_branch: paths the search speculates per open exit: the draft's likeliest
         ``completion_branch`` tokens after the exit, each completed greedily (1: greedy only).
       search_width: the first round of a proving search opens at most ``search_width * k``
-        exits (the best by bound), each later round twice as many as the last; None opens every
-        open exit every round (fewest rounds, most positions with a poor draft).
+        exits (the best by bound); None opens every open exit every round (fewest rounds, most
+        positions with a poor draft).
+      adaptive_width: each later round's width follows how much of the last round's
+        speculation landed at or above the worst answer (doubled when half of its new trie
+        nodes did, halved, to k at least, when under a fourth did: a good draft is trusted wide,
+        a poor one spends few positions below the answer); False doubles it every round.
 
     The certificate needs ``target(u) <= draft(u) + assumed_gap`` for every sequence ``u`` that
     scores above the worst returned item (``|target - draft| <= assumed_gap`` everywhere is the
@@ -69,12 +73,13 @@ class RescoredIndex:
 
     def __init__(self, draft_index: Any, target: Any, *, rerank_window: int = 64, assumed_gap: float | None = None,
                  draft_model: Any = None, top_m: int = DEFAULT_TOP_M, completion_branch: int = 1,
-                 search_width: int | None = SEARCH_WIDTH):
+                 search_width: int | None = SEARCH_WIDTH, adaptive_width: bool = True):
         self.rerank_window = check_int(rerank_window, "rerank_window", minimum=0)
         self.assumed_gap = require_gap(assumed_gap)
         self.top_m = check_top_m(top_m)
         self.completion_branch = check_int(completion_branch, "completion_branch", minimum=1)
         self.search_width = check_int(search_width, "search_width", minimum=1, allow_none=True)
+        self.adaptive_width = check_bool(adaptive_width, "adaptive_width")
         self.draft = DraftView(draft_index, target_max_len=getattr(target, "max_len", None))
         self._score = as_scorer(target)
         self.draft_index = draft_index

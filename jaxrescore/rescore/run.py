@@ -41,7 +41,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     proofs = None
     if mode.prove:
         state = prove_search(scored, 0, cover.k, index.complete, index.draft_scores, budget,
-                             first_width(index.search_width, cover.k), rounds)
+                             first_width(index.search_width, cover.k), rounds, index.adaptive_width)
         rounds = state.rounds
         # One query's slice has the cover's worst rank: the search's last verdict is its own.
         proofs = [state.proof] if len(queries) == 1 else None

@@ -71,7 +71,7 @@ def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> 
 
 
 def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
-               width: float = math.inf):
+               width: float = math.inf, adaptive: bool = True):
     """``(proof, new, next_width)``: the verdict on ``scored`` now, the new sequences the next
     round should score (None when the search stops: proven, no proof possible, or the budget is
     spent), opening at most ``width`` exits (the best by bound), and the next round's width
@@ -108,12 +108,13 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         opened = _open_prefixes(scored, front, start, k, fetch=0)
     prefixes, values = opened
     worst = kth_best(scored.target_lps, start + k - 1)
-    width = adapt_width(width, scored.new_node_values(), worst, k)
+    if adaptive:
+        width = adapt_width(width, scored.new_node_values(), worst, k)
     take = int(min(room, width))
     new = scored.new(complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance)))[:room]
     if not new:
         return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width
-    return proof, new, width
+    return proof, new, width if adaptive else 2 * width
 
 
 class SearchState(NamedTuple):
@@ -125,6 +126,7 @@ class SearchState(NamedTuple):
     rounds: int
     width: float
     stopped: bool = False
+    adaptive: bool = True
 
 
 def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, draft_scores,
@@ -132,19 +134,20 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
     """One round: decide (:func:`next_round`) and, unless the search stops, score the new
     sequences in ONE batched target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
     gives their draft log-probs, NaN when unknown)."""
-    proof, new, width = next_round(scored, start, k, complete, budget, state.rounds, state.width)
+    proof, new, width = next_round(scored, start, k, complete, budget, state.rounds, state.width, state.adaptive)
     if new is None:
-        return SearchState(proof, state.rounds, state.width, True)
+        return state._replace(proof=proof, stopped=True)
     scored.add(new, draft_scores(new), np.full(len(new), -1))
-    return SearchState(proof, state.rounds + 1, width, False)
+    return state._replace(proof=proof, rounds=state.rounds + 1, width=width)
 
 
 def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget,
-                 width: float = math.inf, rounds: int = 1) -> SearchState:
+                 width: float = math.inf, rounds: int = 1, adaptive: bool = True) -> SearchState:
     """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out
     (see :func:`search_step`); ``width``: the exits the first round may open
-    (:func:`first_width`); ``rounds``: scoring rounds already made. Returns the final state."""
-    state = SearchState(None, rounds, width)
+    (:func:`first_width`), adapted each round (:func:`adapt_width`) or, without ``adaptive``,
+    doubled; ``rounds``: scoring rounds already made. Returns the final state."""
+    state = SearchState(None, rounds, width, adaptive=adaptive)
     while not state.stopped:
         state = search_step(state, scored, start, k, complete, draft_scores, budget)
     return state
