@@ -11,6 +11,7 @@ from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, SearchBudget, 
 from jaxrescore.rescore.rescored_index import RescoredIndex
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, frontier_scores
+from jaxrescore.rescore.reuse import pad_fresh, shift_left
 from jaxrescore.rescore.run import certificate_probe
 from jaxrescore.rescore.search import SearchState, first_width, grow_until_certified, next_round
 from jaxrescore.rescore.target import as_scorer, forward_rows
@@ -52,13 +53,24 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
         tolerance = min(s.tolerance for s in sets)
         return [(sc, None, s.full_positions(part))
                 for sc, s, part in zip(np.split(checked_scores(raw, flat, tolerance), splits), sets, parts)]
+    # Each set forwards only the views with a position it does not hold (rows wholly held, e.g.
+    # p + eos after a scored p, need no forward); the joint call runs full forwards (one model,
+    # several prompts: no shared key/value cache).
     cut = [forward_rows(part, s.structure) for s, part in zip(sets, parts)]
-    rows = [r for rs, _ in cut for r in rs]
-    fs = frontier_scores(model, rows, sets[0].top_m, [pr for pr, rs in zip(prompts, cut) for _ in rs[0]])
-    out = []
-    for (rs, ok), s, lo, hi in zip(cut, sets, np.concatenate([[0], splits]), np.cumsum(sizes)):
-        block = FrontierScores(*(a[lo:hi] for a in fs))
-        out.append((checked_frontier(block, parts[len(out)], ok, s.tolerance), (rs, block), s.full_positions(rs)))
+    plans = [s.plan(rs) for s, (rs, _) in zip(sets, cut)]
+    needs = [np.flatnonzero(p.known < np.array([len(r) for r in rs], np.int64)) for p, (rs, _) in zip(plans, cut)]
+    rows = [rs[i] for (rs, _), need in zip(cut, needs) for i in need]
+    fs = frontier_scores(model, rows, sets[0].top_m, [pr for pr, need in zip(prompts, needs) for _ in need]) if rows else None
+    out, lo = [], 0
+    for (rs, ok), s, part, p, need in zip(cut, sets, parts, plans, needs):
+        fresh, hi = None, lo + need.size
+        if need.size:
+            block = FrontierScores(*(a[lo:hi] for a in fs))
+            checked_frontier(block, [part[i] for i in need], ok[need], s.tolerance)
+            fresh = pad_fresh(shift_left(block, p.known[need]), need, len(rs))
+        full = s.completed(rs, p, fresh)
+        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.full_positions([rs[i] for i in need])))
+        lo = hi
     return out
 
 
@@ -102,7 +114,7 @@ def rescore_many(
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
     for s, pull, scored in zip(sets, pulls, results):
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
-        s.calls = 1 if any(parts) else 0
+        s.calls = int(scored[2] > 0)  # it took part in the call when it forwarded a row
     covers = [Query(0, q.start + q.k, 0, q.gap) for q in queries]
     rounds = [1] * len(indexes)
     if mode.until_certified:
@@ -144,5 +156,5 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
         for i, sc in zip(live, scored):
             more, width = new[i]
             sets[i].add(more, indexes[i].draft_scores(more), np.full(len(more), -1), scored=sc)
-            sets[i].calls += 1
+            sets[i].calls += int(sc[2] > 0)
             states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=width)

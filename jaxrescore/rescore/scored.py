@@ -216,18 +216,25 @@ class ScoredSet:
         """Token positions full forwards of ``rows`` compute (the prompt counted in each)."""
         return sum(self._prompt + len(r) for r in rows)
 
+    def plan(self, rows: list) -> Reused:
+        """How much of each view in ``rows`` the set already holds (see
+        :func:`~jaxrescore.rescore.reuse.plan`)."""
+        if not self.seqs:
+            n = len(rows)
+            return Reused(np.zeros(n, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, np.nan))
+        return plan(rows, self._known, self._arrays(), self.rows, self.structure.eos)
+
+    def completed(self, rows: list, reused: Reused, fresh: FrontierScores | None) -> FrontierScores:
+        """The views ``rows``' whole per-position arrays: what :meth:`plan` found held, the rest
+        from ``fresh`` (left-aligned at each row's first unknown position)."""
+        return assemble(rows, reused, self._arrays() if self.seqs else None, fresh)
+
     def _forward(self, seqs: list, rows: list, ok: np.ndarray) -> tuple[FrontierScores, int]:
         """The views ``rows`` (of ``seqs``; ``ok``: in the support) as per-position arrays,
         computing only what the set does not hold: on top of held key/value caches when the
         target decodes incrementally, else by full forwards of the rows that need any position,
         each checked as it comes (see :mod:`jaxrescore.rescore.reuse`)."""
-        s = self._arrays() if self.seqs else None
-        structure = self.structure
-        if s is None:
-            reused = Reused(np.zeros(len(rows), np.int64), *(np.full(len(rows), -1, np.int64) for _ in range(2)),
-                            np.full(len(rows), np.nan))
-        else:
-            reused = plan(rows, self._known, s, self.rows, structure.eos)
+        reused = self.plan(rows)
         need = np.flatnonzero(reused.known < np.array([len(r) for r in rows], np.int64))
         fresh, positions = None, 0
         if need.size:
@@ -239,7 +246,7 @@ class ScoredSet:
                 checked_frontier(fs, [seqs[i] for i in need], ok[need], self.tolerance)
                 fs, positions = shift_left(fs, reused.known[need]), self.full_positions(part)
             fresh = pad_fresh(fs, need, len(rows))
-        return assemble(rows, reused, s, fresh), positions
+        return self.completed(rows, reused, fresh), positions
 
     def add(self, seqs: list, draft_lps, ranks, *, scored=None) -> None:
         """Add sequences not scored yet (the caller passes only new ones), scoring them in one
