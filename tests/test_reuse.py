@@ -1,0 +1,111 @@
+"""A scored set never recomputes a scored prefix (jaxrescore.rescore.reuse): what it assembles for
+new rows equals a full forward of them, and it computes exactly the new trie nodes' positions."""
+
+import numpy as np
+import pytest
+
+from jaxrescore import RescoredIndex, SeekIndex
+from jaxrescore.baselines.best_first import best_first_top_k
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+from jaxrescore.rescore.reuse import KnownPrefixes
+from jaxrescore.rescore.scored import ScoredSet
+from jaxrescore.rescore.target import as_scorer
+
+TOL = 1e-4
+
+
+def tiny(eos=0, seed=5):
+    cfg = dict(vocab_size=6, d_model=16, n_layers=2, n_heads=2, max_len=8, eos=eos)
+    return TransformerLM(TransformerConfig(**cfg), seed=seed)
+
+
+def scored_set(target, top_m=64):
+    return ScoredSet(target, as_scorer(target), top_m)
+
+
+def add(s, seqs):
+    s.add(seqs, np.zeros(len(seqs)), np.full(len(seqs), -1))
+
+
+def test_known_prefixes_are_prefix_closed_and_found_by_bisection():
+    known = KnownPrefixes()
+    rows, positions = known.add(0, [(1, 2, 3, 0), (1, 2, 4)])
+    # row 0 registers (), (1,), (1, 2), (1, 2, 3); row 1's prefixes (), (1,), (1, 2) are held
+    assert sorted(zip(rows.tolist(), positions.tolist())) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert len(known) == 4
+    assert known.deepest((1, 2, 3, 5, 5)) == (3, 0, 3)
+    assert known.deepest((1, 2, 4, 4)) == (2, 0, 2)
+    assert known.deepest((2,)) == (0, 0, 0)
+    assert KnownPrefixes().deepest((1,)) == (-1, -1, -1)
+
+
+@pytest.mark.parametrize("prompt", [(), (3, 1)])
+def test_assembled_rows_equal_a_full_forward_and_cost_only_new_nodes(prompt):
+    lm = tiny()
+    target = lm.with_prompt(prompt) if prompt else lm
+    s = scored_set(target, top_m=2)  # top-2 of 6: a step outside it forces a recomputed position
+    first = [(1, 2, 3, 0), (1, 4, 0)]
+    add(s, first)
+    # position 0 is the context's row; each row feeds its tokens but the last (token 1 in both:
+    # rows of one call that diverge share nothing)
+    assert s.positions == 3 + 2 and s.calls == 1
+    rows = s.arrays()
+    top = {tuple(first[0][:j]): set(rows.top_ids[0, j].tolist()) for j in range(4)}
+    # (1, 2, 3, 5, 0): continues (1, 2, 3) with token 5, then one more node
+    second = [(1, 2, 3, 5, 0), (1, 2, 0)]
+    named = 5 in top[(1, 2, 3)]
+    before = s.positions
+    add(s, second)
+    # row 1 ((1, 2) + eos) needs nothing: eos's step at (1, 2) is held; row 0 needs the node
+    # (1, 2, 3, 5), plus position 3 again when token 5 is not named at (1, 2, 3)
+    assert s.positions - before == (1 if named else 2)
+    want = target.score_frontier(first + second, top_m=2)
+    got = s.arrays()
+    for i, seq in enumerate(first + second):
+        n = len(seq)
+        np.testing.assert_allclose(got.steps[i, :n], want.steps[i, :n], atol=TOL)
+        np.testing.assert_allclose(got.eos_lps[i, :n], want.eos_lps[i, :n], atol=TOL)
+        np.testing.assert_allclose(got.top_lps[i, :n, :2], want.top_lps[i, :n], atol=TOL)
+    np.testing.assert_allclose(s.target_lps, want.scores, atol=TOL * 8)
+
+
+def test_a_row_wholly_held_needs_no_call():
+    s = scored_set(tiny())
+    add(s, [(1, 2, 3, 0)])
+    calls, positions = s.calls, s.positions
+    add(s, [(1, 2, 0), (1, 0)])  # p + eos after scored p: every position is known
+    assert (s.calls, s.positions) == (calls, positions)
+    assert np.isfinite(s.target_lps).all()
+
+
+class FullForwards:
+    """The target without an incremental forward: every scoring call is a full forward."""
+
+    def __init__(self, model):
+        self.model = model
+        self.vocab_size, self.eos, self.max_len = model.vocab_size, model.eos, model.max_len
+        self.score_tolerance = model.score_tolerance
+
+    def score_sequences(self, seqs):
+        return self.model.score_sequences(seqs)
+
+    def score_frontier(self, seqs, **kw):
+        return self.model.score_frontier(seqs, **kw)
+
+    def next_logprobs(self, prefixes, lengths):
+        return self.model.next_logprobs(prefixes, lengths)
+
+
+def test_proof_over_held_caches_equals_best_first_in_fewer_positions():
+    target = tiny(seed=2)
+    draft = tiny(seed=9)
+    results = []
+    for t in (target, FullForwards(target)):
+        ri = RescoredIndex(SeekIndex(draft, progress=False), t, rerank_window=4, draft_model=draft)
+        results.append(ri.top_k(6, prove=True))
+    exact = best_first_top_k(target, 6)
+    for r in results:
+        assert r.proven is True
+        np.testing.assert_allclose([lp for _, lp in r.items], [lp for _, lp in exact.items], atol=1e-3)
+    cached, full = (r.positions for r in results)
+    assert 0 < cached < full
