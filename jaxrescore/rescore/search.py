@@ -9,14 +9,19 @@ Each round (see DESIGN.md §4b):
    (one batched ``next_logprobs`` call), which turns them into named exits;
 3. the DRAFT completes the best open exits' prefixes ``p + t`` greedily (batched across exits,
    one draft call per step) — the draft speculates paths. A round opens at most a width of
-   exits, the best by bound (``search_width`` times k at first, doubling every round), and a
-   path of a terminating target stops where its estimate (the exit's exact value plus the draft's
-   log-probs after it) falls below the current worst answer: it is closed with ``eos``, so its
-   forward still gives the target's distribution after its last token and the node becomes a
-   live prefix with exact exits (see :func:`~jaxrescore.rescore.speculate.greedy_complete`);
-4. the target scores only the new sequences in ONE batched teacher-forcing call, which verifies
-   every position of every speculated path at once (speculative decoding's trick, applied to
-   exact search), and the loop repeats.
+   exits, the best by bound: ``search_width`` times k at first, then adapted to how much of the
+   last round's speculation landed (:func:`adapt_width`: the share of the trie nodes it computed
+   that score at least the current worst answer; a good draft is trusted wider, a poor one
+   narrower). A path of a terminating target takes no token that would bring its estimate (the
+   exit's exact value plus the draft's log-probs after it) below the current worst answer: it is
+   closed with ``eos`` there instead, so its forward still gives the target's distribution after
+   its last speculated token and the node becomes a live prefix with exact exits (see
+   :func:`~jaxrescore.rescore.speculate.greedy_complete`);
+4. the target scores only the new sequences in ONE batched call, and of them only the positions
+   the scored set does not hold yet: over the key/value caches of their scored prefixes when the
+   target decodes incrementally (:mod:`jaxrescore.rescore.reuse`), so every position of every
+   speculated path is verified at once (speculative decoding's trick, applied to exact search)
+   and no scored prefix is computed twice; then the loop repeats.
 
 None of this policy touches soundness: the proof is the frontier bound over whatever was scored.
 A new node's exits are worth at most its parent exit's bound, and every round adds a node per
