@@ -40,7 +40,7 @@ from jaxrescore.typing import ArrayLike, Sequences
 # Default number of top next-token log-probs a forward keeps per position. 64 rather than 32: on
 # the wide workload (V = 309) fewer "rest" exits stay open, so a proof fetches fewer full rows
 # (one target call each round it does): the student proof at k = 100 took 21 calls with 32 and
-# 17 with 64 or 128 (benchmarks/bench_search_width.py's prompts), at half the memory of 128.
+# 17 with 64 or 128 (the wide workload's three prompts, benchmarks/bench_proof_compute.py's policy runs), at half the memory of 128.
 DEFAULT_TOP_M = 64
 # Up to this vocabulary, a forward asked for top_m >= V ships whole rows (unordered) instead.
 FULL_ROWS_MAX_VOCAB = 256

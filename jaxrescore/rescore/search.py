@@ -44,11 +44,13 @@ from jaxrescore.rescore.queries import Query, SearchBudget
 from jaxrescore.rescore.scored import ScoredSet
 
 
-# The default first width, times k (RescoredIndex(search_width=...)); the width doubles every
-# round, so a search needs a number of rounds logarithmic in the exits its proof needs, and at
-# most about half of what it opens comes from its last round. The trade-off between calls and
-# positions is measured in BENCHMARKS.md ("search width", benchmarks/bench_search_width.py).
-SEARCH_WIDTH = 8
+# The default first width, times k (RescoredIndex(search_width=...)); later rounds adapt it
+# (adapt_width). 2 rather than 8: on the wide workload (three prompts, k = 10 and 100) the 3-gram
+# proof computed 2.2x / 3.0x best-first's positions starting at 2k against 2.3x / 4.9x at 8k,
+# while the student's calls and positions hardly moved (16 / 17 calls against 15 / 17, 1.06x /
+# 1.01x the positions). The trade-off is measured in BENCHMARKS.md ("Proof compute",
+# benchmarks/bench_proof_compute.py).
+SEARCH_WIDTH = 2
 # The adaptive width (see adapt_width): the share of last round's new trie nodes that scored at
 # least the current worst answer above which the width doubles, and below which it halves.
 YIELD_WIDEN = 0.5
