@@ -6,8 +6,8 @@ form one global mesh. Every process runs the same program (:func:`workload`): it
 builds the draft indexes, places the target on the global mesh with its weights split, and runs a
 proven ``top_k``, a proven ``jaxrescore.top_k`` over 8 prompts (``rescore_many``: one target call
 per round for all of them) and a proven ``sweep``; each writes every answer and its timings as
-JSON. :func:`launch` starts the processes (tests/test_multihost.py uses it to check that every
-process returns the single process's answers, bit for bit).
+JSON. :func:`launch` starts the processes (tests/test_multihost.py uses it to check that the
+processes agree bit for bit, and with the single process's answers up to float noise).
 
     python3 benchmarks/bench_multihost.py [--quick]
 """
