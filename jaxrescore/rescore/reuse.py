@@ -138,20 +138,24 @@ def assemble(views: list, reused: Reused, s: ScoredArrays | None, fresh: Frontie
         if row >= 0:  # positions 0..pos of the source row are this row's own prefixes
             copy = min(k, pos + 1)
             steps[r, :pos] = s.steps[row, :pos]
-            ms = s.top_lps.shape[2]
-            top_lps[r, :copy, :ms] = s.top_lps[row, :copy]
-            top_ids[r, :copy, :ms] = s.top_ids[row, :copy]
+            top_lps[r, :copy] = _widen(s.top_lps[row, :copy], m)
+            top_ids[r, :copy] = _widen(s.top_ids[row, :copy], m)
             eos_lps[r, :copy] = s.eos_lps[row, :copy]
             if k > pos:
                 steps[r, pos] = reused.named_step[r]
         new = len(v) - k
         if new > 0:
             steps[r, k : len(v)] = fresh.steps[r, :new]
-            mf = fresh.top_lps.shape[2]
-            top_lps[r, k : len(v), :mf] = fresh.top_lps[r, :new]
-            top_ids[r, k : len(v), :mf] = fresh.top_ids[r, :new]
+            top_lps[r, k : len(v)] = _widen(fresh.top_lps[r, :new], m)
+            top_ids[r, k : len(v)] = _widen(fresh.top_ids[r, :new], m)
             eos_lps[r, k : len(v)] = fresh.eos_lps[r, :new]
     return FrontierScores(steps.sum(axis=1), steps, top_lps, top_ids, eos_lps)
+
+
+def _widen(named: np.ndarray, m: int) -> np.ndarray:
+    """``named: [W, m0]`` top-m values or ids widened to ``m`` by repeating the last (smallest)
+    one: what a narrower forward left unnamed stays bounded by its smallest named value."""
+    return np.pad(named, ((0, 0), (0, m - named.shape[1])), mode="edge") if named.shape[1] < m else named
 
 
 def pad_fresh(fs: FrontierScores, idx: np.ndarray, n: int) -> FrontierScores:

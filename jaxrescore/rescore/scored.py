@@ -332,11 +332,12 @@ class ScoredSet:
         lengths = np.concatenate([np.zeros(0, np.int64)] + [p[1].astype(np.int64) for p in self._packed])
         whole = np.concatenate([np.zeros(0, bool)] + [p[3] for p in self._packed])
         width = max([b[1].steps.shape[1] for b in self._blocks] + [1])
-        m = self._blocks[0][1].top_lps.shape[2] if self._blocks else 1
+        # a block of only empty views (or whole rows of a small vocabulary) may be narrower
+        m = max([b[1].top_lps.shape[2] for b in self._blocks] + [1])
         parts = []
         for packed, (_, fs) in zip(self._packed, self._blocks):
-            if packed[2] is None or packed[2][0] != width:  # a wider later block re-pads the rest
-                packed[2] = (width, _padded(fs, width, m))
+            if packed[2] is None or packed[2][0] != (width, m):  # a wider later block re-pads the rest
+                packed[2] = ((width, m), _padded(fs, width, m))
             parts.append(packed[2][1])
         cols = list(zip(*parts)) if parts else [[np.zeros((0, width))],
                                                  [np.zeros((0, width, m), np.float32)],
@@ -360,11 +361,14 @@ class ScoredSet:
 
 
 def _padded(fs: FrontierScores, width: int, m: int):
-    """One block's arrays widened to ``width`` positions (padding: no distribution)."""
-    pad = width - fs.steps.shape[1]
+    """One block's arrays widened to ``width`` positions (padding: no distribution) and ``m``
+    named tokens: a narrower block (an inferred vocabulary that grew, a block of empty views)
+    repeats its last named token, so its smallest named value, which bounds every token it does
+    not name, stays what its forward said."""
+    pad, pad_m = width - fs.steps.shape[1], ((0, 0), (0, 0), (0, m - fs.top_lps.shape[2]))
     steps = np.pad(fs.steps, ((0, 0), (0, pad)))
-    top_lps = np.pad(fs.top_lps, ((0, 0), (0, pad), (0, 0)), constant_values=-np.inf)
-    top_ids = np.pad(fs.top_ids, ((0, 0), (0, pad), (0, 0)))
+    top_lps = np.pad(np.pad(fs.top_lps, pad_m, mode="edge"), ((0, 0), (0, pad), (0, 0)), constant_values=-np.inf)
+    top_ids = np.pad(np.pad(fs.top_ids, pad_m, mode="edge"), ((0, 0), (0, pad), (0, 0)))
     eos_lps = np.pad(fs.eos_lps, ((0, 0), (0, pad)), constant_values=-np.inf)
     return steps, top_lps, top_ids, eos_lps
 
