@@ -442,8 +442,10 @@ def exit_list(v: ExitValues, structure: Structure) -> Exits:
     parts.append((v.row_at[r], v.row_depth[r], t, v.row_nodes[r], v.rows[r, t]))
     rows, depth, token, node, value = (np.concatenate([np.asarray(p[f], dt) for p in parts])
                                        for f, dt in enumerate((np.int64,) * 4 + (np.float64,)))
-    # one exit per (node, token): the same node is met in several rows (complete, blind leaves)
-    _, keep = np.unique(np.stack([node, token]), axis=1, return_index=True)
+    # one exit per (node, token): the same node is met in several rows (complete, blind leaves);
+    # one int64 key per pair (tokens >= COMPLETE) is ~10x faster to unique than pairs of columns
+    span = int(token.max(initial=0)) - COMPLETE + 1
+    _, keep = np.unique(node * span + (token - COMPLETE), return_index=True)
     return Exits(np.asarray(v.perm)[rows[keep]], depth[keep], token[keep], value[keep])
 
 
