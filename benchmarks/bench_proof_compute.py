@@ -16,7 +16,8 @@ defaults (the API as a user calls it). The baseline is the exact best-first sear
 (``jaxrescore.baselines.best_first.best_first_top_k``, batch k) through a KV-cached decoding
 session: every prefix whose target score clears the answer is expanded by either method, so its
 positions are the floor. Positions are the token positions the target computed (the proof's
-``result.positions``: one per new trie node, over held key/value caches; best-first's session:
+``result.positions``: what it fed over held key/value caches, about one per new trie node;
+best-first's session:
 one per expanded prefix; neither counts the prompt's cache, computed once per model). Calls are
 sequential target calls. Times: one query after a warm-up query on the same draft index (its
 growth and the compiles are in the warm-up), best-first likewise.

@@ -122,7 +122,7 @@ until certified (`until_certified=True`, window 64) under the demo's estimated g
 assumption). Target calls are sequential batched calls; target rows are sequences teacher-forced
 (plus full rows fetched) or prefixes expanded; token positions are what the target computed: the
 proof and the certified query run the library's own path (a sequence is teacher-forced over the
-key/value caches of its scored prefixes: one position per new trie node, `result.positions`),
+key/value caches of its scored prefixes: about one position per new trie node, `result.positions`),
 best-first runs full forwards here (n + 1 per row of n tokens) — so positions are not compared
 in this section; "Proof compute" below compares them with KV-cached best-first. Times: median of {repeats} after a warm-up
 (compiles excluded), the draft index built once beforehand.

@@ -111,7 +111,7 @@ def check_top_m(top_m) -> int:
     return check_int(top_m, "top_m", minimum=1)
 
 
-def _shift_left(arr: np.ndarray, skip: np.ndarray, fill) -> np.ndarray:
+def shift_left(arr: np.ndarray, skip: np.ndarray, fill) -> np.ndarray:
     """``out[i, j] = arr[i, j + skip[i]]`` (``fill`` past the end); any trailing axes ride along."""
     n, w = arr.shape[:2]
     src = np.arange(w)[None, :] + skip[:, None]
@@ -140,10 +140,10 @@ def assemble(batch: SequenceBatch, skip, steps, top_lps, top_ids, eos_lps) -> Fr
     scores = steps.sum(axis=1)
     if skip is not None:
         s = np.asarray(skip, np.int64).reshape(-1)
-        steps = _shift_left(steps, s, 0.0)
-        top_lps = _shift_left(top_lps, s, -np.inf).astype(np.float32)
-        top_ids = _shift_left(top_ids, s, 0).astype(np.int32)
-        eos = _shift_left(eos, s, -np.inf).astype(np.float32)
+        steps = shift_left(steps, s, 0.0)
+        top_lps = shift_left(top_lps, s, -np.inf).astype(np.float32)
+        top_ids = shift_left(top_ids, s, 0).astype(np.int32)
+        eos = shift_left(eos, s, -np.inf).astype(np.float32)
     return FrontierScores(scores, steps, top_lps, top_ids, eos)
 
 

@@ -1,4 +1,4 @@
-"""Never recompute a scored prefix: new rows' forwards from what the scored set already holds.
+"""Reuse what a scored set holds: new rows' forwards computed only past their scored prefixes.
 
 A proving search teacher-forces sequences that mostly extend prefixes it scored in earlier rounds
 (an exit ``p + t`` and the draft's path after it). Every position of a scored row holds its node's
@@ -26,21 +26,22 @@ compared with its first computation like any repeated prefix).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from jaxrescore.models.decoding import decoding_session
+from jaxrescore.models import scores
 from jaxrescore.models.scores import FrontierScores
 from jaxrescore.rescore.frontier import ScoredArrays
 
 
 class KnownPrefixes:
     """Every prefix (a tuple of tokens, the view's) whose next-token distribution a scored set
-    holds, with where: ``prefix -> (row, position)``. Prefix-closed by construction."""
+    holds, with where: ``prefix -> row`` (its position in that row is its length).
+    Prefix-closed by construction."""
 
     def __init__(self):
-        self._at: dict[tuple, tuple[int, int]] = {}
+        self._at: dict[tuple, int] = {}
 
     def __len__(self) -> int:
         return len(self._at)
@@ -55,17 +56,17 @@ class KnownPrefixes:
                 key = v[:j]
                 if key in at:
                     break  # prefix-closed: every shorter prefix is registered too
-                at[key] = (row, j)
+                at[key] = row
                 rows.append(row)
                 positions.append(j)
         return np.array(rows, np.int64), np.array(positions, np.int64)
 
-    def deepest(self, v: tuple) -> tuple[int, int, int]:
-        """``(i, row, position)``: the longest prefix ``v[:i]`` (``i < len(v)``) whose
-        distribution is held, and where; ``(-1, -1, -1)`` when none is."""
+    def deepest(self, v: tuple) -> tuple[int, int]:
+        """``(i, row)``: the longest prefix ``v[:i]`` (``i < len(v)``) whose distribution is
+        held, and the row holding it (at position ``i``); ``(-1, -1)`` when none is."""
         at = self._at
         if not v or () not in at:
-            return -1, -1, -1
+            return -1, -1
         lo, hi = 0, len(v) - 1  # v[:lo] is held; find the largest such lo <= hi
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -73,38 +74,37 @@ class KnownPrefixes:
                 lo = mid
             else:
                 hi = mid - 1
-        row, pos = at[v[:lo]]
-        return lo, row, pos
+        return lo, at[v[:lo]]
 
 
 class Reused(NamedTuple):
     """What is known of new rows before any forward: ``known int64[N]`` positions (and steps)
-    per row, and the rows and positions they are copied from (``src_row``/``src_pos``, -1: none),
-    plus the step at the deepest known prefix where it is named there (``named_step``, NaN: not
-    named, ``known`` stops before it)."""
+    per row; each row's deepest held prefix's length ``depth`` and the row it is copied from
+    (``src_row``, -1: none); the step out of that prefix where it is named there
+    (``named_step``, NaN: not named, ``known`` stops before it)."""
 
     known: np.ndarray
+    depth: np.ndarray
     src_row: np.ndarray
-    src_pos: np.ndarray
     named_step: np.ndarray
 
 
 def plan(views: list, prefixes: KnownPrefixes, s: ScoredArrays, fetched: dict, eos: int | None) -> Reused:
     """How much of each new view is known (see the module docstring)."""
-    n = len(views)
-    known = np.zeros(n, np.int64)
-    src_row = np.full(n, -1, np.int64)
-    src_pos = np.full(n, -1, np.int64)
-    named = np.full(n, np.nan)
+    out = nothing_known(len(views))
     for r, v in enumerate(views):
-        i, row, pos = prefixes.deepest(v)
+        i, row = prefixes.deepest(v)
         if i < 0:
             continue
-        src_row[r], src_pos[r] = row, pos
-        step = _named_step(s, row, pos, v[i], fetched.get(v[:i]), eos)
-        named[r] = step
-        known[r] = i if np.isnan(step) else i + 1
-    return Reused(known, src_row, src_pos, named)
+        step = _named_step(s, row, i, v[i], fetched.get(v[:i]), eos)
+        out.depth[r], out.src_row[r], out.named_step[r] = i, row, step
+        out.known[r] = i if np.isnan(step) else i + 1
+    return out
+
+
+def nothing_known(n: int) -> Reused:
+    """The plan of ``n`` rows of which nothing is held."""
+    return Reused(np.zeros(n, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, np.nan))
 
 
 def _named_step(s: ScoredArrays, row: int, pos: int, token: int, full_row, eos: int | None) -> float:
@@ -134,7 +134,7 @@ def assemble(views: list, reused: Reused, s: ScoredArrays | None, fresh: Frontie
     top_ids = np.zeros((n, width, m), np.int32)
     eos_lps = np.full((n, width), -np.inf, np.float32)
     for r, v in enumerate(views):
-        k, row, pos = int(reused.known[r]), int(reused.src_row[r]), int(reused.src_pos[r])
+        k, row, pos = int(reused.known[r]), int(reused.src_row[r]), int(reused.depth[r])
         if row >= 0:  # positions 0..pos of the source row are this row's own prefixes
             copy = min(k, pos + 1)
             steps[r, :pos] = s.steps[row, :pos]
@@ -171,12 +171,5 @@ def pad_fresh(fs: FrontierScores, idx: np.ndarray, n: int) -> FrontierScores:
 def shift_left(fs: FrontierScores, by: np.ndarray) -> FrontierScores:
     """A full forward's arrays with row ``i``'s first ``by[i]`` positions dropped (left-aligned
     like a cached forward's)."""
-    n, w = fs.steps.shape
-    cols = np.minimum(np.arange(w)[None, :] + by[:, None], w - 1)
-    take = lambda a: np.take_along_axis(a, cols.reshape(cols.shape + (1,) * (a.ndim - 2)), axis=1)  # noqa: E731
-    return FrontierScores(fs.scores, take(fs.steps), take(fs.top_lps), take(fs.top_ids), take(fs.eos_lps))
-
-
-def session_of(target: Any):
-    """A decoding session over ``target`` when it decodes incrementally (None otherwise)."""
-    return decoding_session(target)
+    fills = (0.0, -np.inf, 0, -np.inf)
+    return FrontierScores(fs.scores, *(scores.shift_left(a, by, f) for a, f in zip(fs[1:], fills)))

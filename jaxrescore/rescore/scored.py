@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.models.base import Structure
+from jaxrescore.models.decoding import decoding_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.frontier import ScoredArrays, complete
-from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, pad_fresh, plan, session_of, shift_left
+from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
 from jaxrescore.sequences import from_tuples
 
@@ -53,25 +54,9 @@ def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
 
 
 def frontier_scores(model: Any, rows: list, top_m: int, prompts: list | None = None) -> FrontierScores:
-    """``model.score_frontier`` of the views ``rows`` (each after its prompt, whose steps are
-    skipped, when ``prompts`` are given). An empty view (a sequence whose first token the target
-    cannot read) has no position: it is left out of the call and padded here."""
-    keep = [i for i, r in enumerate(rows) if len(r)]
-    if keep and len(keep) == len(rows):
-        return _score_frontier(model, rows, top_m, prompts)
-    fs = None
-    if keep:
-        fs = _score_frontier(model, [rows[i] for i in keep], top_m, None if prompts is None else [prompts[i] for i in keep])
-    n, (width, m) = len(rows), (1, top_m) if fs is None else fs.top_lps.shape[1:]
-    out = FrontierScores(np.full(n, -np.inf), np.zeros((n, width)), np.full((n, width, m), -np.inf, np.float32),
-                         np.zeros((n, width, m), np.int32), np.full((n, width), -np.inf, np.float32))
-    for full, part in zip(out, () if fs is None else fs):
-        full[keep] = part
-    return out
-
-
-def _score_frontier(model: Any, rows: list, top_m: int, prompts: list | None) -> FrontierScores:
-    """One ``score_frontier`` call over non-empty ``rows`` (each after its prompt, skipped)."""
+    """``model.score_frontier`` of the views ``rows``, each after its prompt (whose steps are
+    skipped) when ``prompts`` are given. Every row is non-empty: callers forward only views with
+    a position the scored set does not hold."""
     if prompts is None:
         return model.score_frontier(rows, top_m=top_m)
     seqs = from_tuples([tuple(p) + r for p, r in zip(prompts, rows)])
@@ -112,7 +97,9 @@ class ScoredSet:
         bound available.
       calls, sequences: target calls made and sequences (or prefix rows) evaluated by this set.
       positions: token positions those calls computed: with a target that decodes
-        incrementally, one per new trie node (the prompt's cache, computed once per model, is not
+        incrementally, what was fed over held caches: one per new trie node, plus a new prefix
+        shared by rows of one call once per row, plus a held position again where the step out
+        of it is not among its named tokens (the prompt's cache, computed once per model, is not
         counted); otherwise a full forward per row that needs any new position (the prompt
         counted in each), a fetched row after ``n`` tokens ``n + 1``.
     """
@@ -142,7 +129,7 @@ class ScoredSet:
         self._known = KnownPrefixes()
         self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
         # Teacher forcing on top of held key/value caches (None: full forwards), see reuse.py.
-        self._session = session_of(target) if self.proves else None
+        self._session = decoding_session(target) if self.proves else None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -220,8 +207,7 @@ class ScoredSet:
         """How much of each view in ``rows`` the set already holds (see
         :func:`~jaxrescore.rescore.reuse.plan`)."""
         if not self.seqs:
-            n = len(rows)
-            return Reused(np.zeros(n, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, np.nan))
+            return nothing_known(len(rows))
         return plan(rows, self._known, self._arrays(), self.rows, self.structure.eos)
 
     def completed(self, rows: list, reused: Reused, fresh: FrontierScores | None) -> FrontierScores:

@@ -21,7 +21,8 @@ Each round (see DESIGN.md §4b):
    the scored set does not hold yet: over the key/value caches of their scored prefixes when the
    target decodes incrementally (:mod:`jaxrescore.rescore.reuse`), so every position of every
    speculated path is verified at once (speculative decoding's trick, applied to exact search)
-   and no scored prefix is computed twice; then the loop repeats.
+   and a scored prefix is computed again only where the step out of it is not among the tokens
+   its forward named; then the loop repeats.
 
 None of this policy touches soundness: the proof is the frontier bound over whatever was scored.
 A new node's exits are worth at most its parent exit's bound, and every round adds a node per
