@@ -66,7 +66,7 @@ import numpy as np
 
 from jaxrescore.models.checks import check_nan, check_prefixes
 from jaxrescore.models.mesh import mesh_context, to_host
-from jaxrescore.models.scores import check_top_m, clipped_log_softmax as _log_softmax
+from jaxrescore.models.scores import FLOAT32_TOLERANCE, check_top_m, clipped_log_softmax as _log_softmax, score_tolerance
 from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_rows, frontier_reduce, share_feeds
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree, Sequences
@@ -569,6 +569,17 @@ def decoding_session(model: Any, *, max_bytes: int | None = None) -> DecodingSes
     except Exception:  # a foreign object that merely has a "decoder" attribute
         return None
     return DecodingSession(model, max_bytes=max_bytes)
+
+
+def proof_session(model: Any, *, max_bytes: int | None = None) -> DecodingSession | None:
+    """:func:`decoding_session` for numbers a proof rests on: None unless ``model``'s
+    ``score_tolerance`` is float32's or tighter. In a 16-bit compute dtype the cached path moves a
+    row by up to ~0.09 nats a step (against 0.06 for a full forward; see
+    :mod:`jaxrescore.models.scores`), too close to the 0.1-nat tolerance a proof is held to, so
+    such a model's proofs run full forwards (plain sessions still cache)."""
+    if score_tolerance(model) > FLOAT32_TOLERANCE:
+        return None
+    return decoding_session(model, max_bytes=max_bytes)
 
 
 def incremental(model: Any, *, max_bytes: int | None = None) -> Any:

@@ -20,8 +20,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import AutoregressiveEnumerable
-from jaxrescore.models.decoding import decoding_session
-from jaxrescore.models.scores import FLOAT32_TOLERANCE, FrontierScores, score_tolerance
+from jaxrescore.models.decoding import proof_session
+from jaxrescore.models.scores import FrontierScores
 from jaxrescore.models.text import check_tokenizer, encode_prompt
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences, Tokens
@@ -136,11 +136,9 @@ class PromptedModel(PromptableMixin):
         """
         # A base that decodes incrementally starts every row from the prompt's cache, computed
         # once per with_prompt: the cost of a row does not grow with the prompt.
-        # In a 16-bit compute dtype the cached path moves rows by up to ~0.09 nats a step
-        # (measured, against 0.06 for a full forward), too close to the 0.1-nat tolerance a
-        # proof's fetched rows are held to: those stay full forwards (sessions still cache).
-        session = decoding_session(self, max_bytes=0)
-        if session is not None and score_tolerance(self.base) <= FLOAT32_TOLERANCE:
+        # A proof's fetched rows come from here: a 16-bit model's stay full forwards.
+        session = proof_session(self, max_bytes=0)
+        if session is not None:
             return session.next_logprobs(prefixes, lengths)
         prefixes = np.asarray(prefixes, np.int32)
         if prefixes.ndim != 2:

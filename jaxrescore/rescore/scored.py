@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxrescore.models.base import Structure
-from jaxrescore.models.decoding import decoding_session
+from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.frontier import ScoredArrays, complete
@@ -128,8 +128,9 @@ class ScoredSet:
         self._prompt = len(getattr(target, "prompt", ()) or ())
         self._known = KnownPrefixes()
         self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
-        # Teacher forcing on top of held key/value caches (None: full forwards), see reuse.py.
-        self._session = decoding_session(target) if self.proves else None
+        # Teacher forcing on top of held key/value caches (None: full forwards; a 16-bit
+        # target's proofs stay on full forwards, see proof_session), see reuse.py.
+        self._session = proof_session(target) if self.proves else None
 
     def __len__(self) -> int:
         return len(self.seqs)
