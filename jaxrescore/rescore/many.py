@@ -144,17 +144,17 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
         for i, (ri, state) in enumerate(zip(indexes, states)):
             if state.stopped:
                 continue
-            proof, more, width = next_round(sets[i], 0, k, ri.complete, budget, state.rounds, state.width,
-                                            state.adaptive)
+            proof, more, width, fetch = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width,
+                                                   state.adaptive)
             states[i] = state._replace(proof=proof, stopped=more is None)
             if more is not None:
-                new[i] = (more, width)
+                new[i] = (more, width, fetch)
         if not new:
             return states
         live = list(new)
         scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i][0] for i in live])
         for i, sc in zip(live, scored):
-            more, width = new[i]
-            sets[i].add(more, indexes[i].draft_scores(more), np.full(len(more), -1), scored=sc)
-            sets[i].calls += int(sc[2] > 0)
+            more, width, fetch = new[i]
+            fetched = sets[i].add(more, indexes[i].draft_scores(more), np.full(len(more), -1), scored=sc, fetch=fetch)
+            sets[i].calls += int(sc[2] > 0 or fetched)
             states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=width)

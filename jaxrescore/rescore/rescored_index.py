@@ -28,7 +28,7 @@ from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.run import run_queries
 from jaxrescore.rescore.scored import ScoredSet
 from jaxrescore.rescore.search import SEARCH_WIDTH
-from jaxrescore.rescore.speculate import completion_model, greedy_complete
+from jaxrescore.rescore.speculate import Speculation, completion_model, speculate
 from jaxrescore.rescore.target import as_scorer, draft_scorer, draft_scores, target_structure
 
 
@@ -207,8 +207,13 @@ class RescoredIndex:
     def complete(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> list:
         """Speculated completions of exit prefixes (draft greedy; the target when no draft
         model), each stopped where its estimate falls below ``floor`` (see greedy_complete)."""
+        return self.speculate(prefixes, values, floor).sequences()
+
+    def speculate(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> Speculation:
+        """The speculated paths of :meth:`complete`, with the draft's estimates along them (see
+        :func:`~jaxrescore.rescore.speculate.speculate`)."""
         model = self.draft_model if self.draft_model is not None else self.target
-        return greedy_complete(model, prefixes, target_structure(self.target), self.completion_branch, values, floor)
+        return speculate(model, prefixes, target_structure(self.target), self.completion_branch, values, floor)
 
     def draft_scores(self, seqs: list) -> np.ndarray:
         """The draft's log-probs ``float64[N]`` of sequences the search found (see

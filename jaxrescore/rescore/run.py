@@ -40,7 +40,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     head = draft.bound(len(pull.seqs), pull) if gaps else None
     proofs = None
     if mode.prove:
-        state = prove_search(scored, 0, cover.k, index.complete, index.draft_scores, budget,
+        state = prove_search(scored, 0, cover.k, index.speculate, index.draft_scores, budget,
                              first_width(index.search_width, cover.k), rounds, index.adaptive_width)
         rounds = state.rounds
         # One query's slice has the cover's worst rank: the search's last verdict is its own.

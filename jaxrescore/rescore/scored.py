@@ -141,6 +141,11 @@ class ScoredSet:
         return target_structure(self.target)
 
     @property
+    def add_starts(self) -> list[int]:
+        """Per :meth:`add` that scored sequences, how many were scored before it."""
+        return list(self._adds)
+
+    @property
     def target_lps(self) -> np.ndarray:
         return np.concatenate(self._target) if self._target else np.zeros(0)
 
@@ -235,15 +240,24 @@ class ScoredSet:
             fresh = pad_fresh(fs, need, len(rows))
         return self.completed(rows, reused, fresh), positions
 
-    def add(self, seqs: list, draft_lps, ranks, *, scored=None) -> None:
+    def add(self, seqs: list, draft_lps, ranks, *, scored=None, fetch: list = ()) -> bool:
         """Add sequences not scored yet (the caller passes only new ones), scoring them in one
         target call unless ``scored`` (from :meth:`score`, e.g. a call shared by several sets)
-        is given; a failed call leaves the set unchanged."""
-        if not seqs:
-            return
-        if scored is None:
+        is given, and fetch the full next-token rows of the prefixes ``fetch`` in the same call
+        (see :meth:`fetch_rows`: independent of the scoring, so not a call of its own); a failed
+        call leaves the set unchanged. Returns whether rows were fetched."""
+        fetched = self._fetch(fetch)
+        if scored is None and seqs:
             scored = self.score(seqs)
-            self.calls += int(scored[1] is None or scored[2] > 0)  # a call, unless all was known
+            self.calls += int(scored[1] is None or scored[2] > 0 or fetched is not None)
+        elif fetched is not None and scored is None:
+            self.calls += 1
+        if seqs:
+            self._add_scored(seqs, draft_lps, ranks, scored)
+        self._store_rows(fetched)
+        return fetched is not None
+
+    def _add_scored(self, seqs: list, draft_lps, ranks, scored) -> None:
         scores, block, positions = scored
         evidence = self._view_evidence(seqs, block)  # before any change: it may raise
         self.sequences += len(seqs)
@@ -271,12 +285,22 @@ class ScoredSet:
         steps = self.arrays().steps[rows]
         return np.where(np.arange(steps.shape[1])[None, :] < positions[:, None], steps, 0.0).sum(axis=1)
 
-    def fetch_rows(self, prefixes: list) -> None:
+    def fetch_rows(self, prefixes: list) -> int:
         """Fetch the target's full next-token rows of ``prefixes`` in one call (for exits whose
-        token the top-m does not name)."""
+        token the top-m does not name); returns how many were new."""
+        fetched = self._fetch(prefixes)
+        if fetched is not None:
+            self.calls += 1
+        self._store_rows(fetched)
+        return 0 if fetched is None else len(fetched[0])
+
+    def _fetch(self, prefixes) -> tuple | None:
+        """``(prefixes, rows float32[R, V], positions)`` of the prefixes not fetched yet, from
+        one ``next_logprobs`` call (over the held caches when the set has a session), or None
+        when there are none. Stores nothing (see :meth:`_store_rows`)."""
         prefixes = [p for p in dict.fromkeys(prefixes) if p not in self.rows]
         if not prefixes:
-            return
+            return None
         width = max(1, max(len(p) for p in prefixes))
         toks = np.zeros((len(prefixes), width), np.int32)
         for i, p in enumerate(prefixes):
@@ -287,14 +311,19 @@ class ScoredSet:
         rows = np.asarray(model.next_logprobs(toks, lens), np.float32)
         if rows.shape[0] != len(prefixes) or np.isnan(rows).any():
             raise ValueError(f"target.next_logprobs returned {rows.shape} rows (or NaN) for {len(prefixes)} prefixes")
-        self.calls += 1
-        self.sequences += len(prefixes)
         if self._session is None:
-            self.positions += sum(self._prompt + len(p) + 1 for p in prefixes)
+            positions = sum(self._prompt + len(p) + 1 for p in prefixes)
         else:
-            self.positions += self._session.positions - before
-        for p, r in zip(prefixes, rows):
-            self.rows[p] = np.minimum(r, 0.0)
+            positions = self._session.positions - before
+        return prefixes, np.minimum(rows, 0.0), positions
+
+    def _store_rows(self, fetched: tuple | None) -> None:
+        if fetched is None:
+            return
+        prefixes, rows, positions = fetched
+        self.sequences += len(prefixes)
+        self.positions += positions
+        self.rows.update(zip(prefixes, rows))
         self._cache = None
 
     def arrays(self, n: int | None = None) -> ScoredArrays:

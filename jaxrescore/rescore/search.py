@@ -5,8 +5,10 @@ Each round (see DESIGN.md §4b):
 1. the frontier of the scored set gives every exit (p, t) with its bound ``target(p) + log
    p_target(t | p)``; the exits whose bound does not clear the current answer's worst score by
    the target's tolerance are *open*;
-2. open exits whose token the forward's top-m does not name get their node's full target row
-   (one batched ``next_logprobs`` call), which turns them into named exits;
+2. open exits whose token the forward's top-m does not name ("rest" exits) get their node's full
+   target row fetched in the same call as this round's sequences (one batched ``next_logprobs``,
+   independent of the scoring), which turns them into named exits for the next round; a round
+   with no other exit open fetches them in a call of its own first;
 3. the DRAFT completes the best open exits' prefixes ``p + t`` greedily (batched across exits,
    one draft call per step) — the draft speculates paths. A round opens at most a width of
    exits, the best by bound: ``search_width`` times k at first, then adapted to how much of the
@@ -16,7 +18,15 @@ Each round (see DESIGN.md §4b):
    exit's exact value plus the draft's log-probs after it) below the current worst answer: it is
    closed with ``eos`` there instead, so its forward still gives the target's distribution after
    its last speculated token and the node becomes a live prefix with exact exits (see
-   :func:`~jaxrescore.rescore.speculate.greedy_complete`);
+   :func:`~jaxrescore.rescore.speculate.speculate`). The worst answer lags the final one while
+   the answer is being found, and everything scored between them is wasted, so the round aims
+   higher (:func:`aim_of`): at the score the worst answer is expected to reach, counting the
+   draft's estimates of the complete paths it speculated; exits below the aim wait and paths are
+   cut where their estimate falls below it. With the adaptive width, two more rules: while the
+   worst answer is still rising and the draft expects nothing above it, a round opens at most a
+   quarter of the open exits (:func:`share_of`); with at most ``k / 8`` exits left, paths are
+   speculated 2 nats below the answer (a path the draft undervalues is not extended one round
+   per token);
 4. the target scores only the new sequences in ONE batched call, and of them only the positions
    the scored set does not hold yet: over the key/value caches of their scored prefixes when the
    target decodes incrementally (:mod:`jaxrescore.rescore.reuse`), so every position of every
@@ -26,7 +36,8 @@ Each round (see DESIGN.md §4b):
 
 None of this policy touches soundness: the proof is the frontier bound over whatever was scored.
 A new node's exits are worth at most its parent exit's bound, and every round adds a node per
-opened exit, so the loop ends on any finite support; ``max_rounds`` and ``max_sequences`` bound
+opened exit or fetches a row (an aim above the worst answer comes from a path the round keeps
+whole), so the loop ends on any finite support; ``max_rounds`` and ``max_sequences`` bound
 it in practice. The answer is then proven, or returned with the reason it is not.
 """
 
@@ -43,6 +54,7 @@ from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, clears
 from jaxrescore.rescore.proof import Proof, check_proof, kth_best, open_floor
 from jaxrescore.rescore.queries import Query, SearchBudget
 from jaxrescore.rescore.scored import ScoredSet
+from jaxrescore.rescore.speculate import Speculation
 
 
 # The default first width, times k (RescoredIndex(search_width=...)); later rounds adapt it
@@ -56,6 +68,15 @@ SEARCH_WIDTH = 2
 # least the current worst answer above which the width doubles, and below which it halves.
 YIELD_WIDEN = 0.5
 YIELD_NARROW = 0.25
+# The adaptive policy's other two rules (see share_of and next_round), chosen on the real-text
+# workload (benchmarks/text.py, student draft, prompts 'the' and 'if the'): opening at most a
+# quarter of the open exits took the positions at k = 10 / 300 from 1.60x / 1.46x best-first's to
+# 1.42x / 1.32x (a half: 1.48x / 1.38x) in the same calls; with at most k / 8 exits open, paths
+# speculated 2 nats below the answer took k = 300 from 22 to 19 calls (prompts summed) at no
+# measurable cost in positions.
+OPEN_SHARE = 0.25
+TAIL_EXITS = 0.125
+TAIL_MARGIN = 2.0
 
 
 def first_width(search_width: int | None, k: int) -> float:
@@ -63,14 +84,40 @@ def first_width(search_width: int | None, k: int) -> float:
     return math.inf if search_width is None else float(search_width * k)
 
 
+def rising(scored: ScoredSet, rank: int) -> bool:
+    """Whether either of the last two adds to ``scored`` raised the score at ``rank`` (0-based),
+    the worst answer: the answer is still being found."""
+    starts = scored.add_starts[-2:]
+    scores = scored.target_lps
+    return any(kth_best(scores[:n], rank) < kth_best(scores[:m], rank)
+               for n, m in zip(starts, starts[1:] + [scores.size]))
+
+
+def share_of(n_open: int, k: int) -> float:
+    """The most exits the adaptive policy opens in one round out of ``n_open``: a quarter of
+    them (at least ``k``). The exits left are the ones closest to the current worst answer,
+    which lags the final one; the best of them are opened first, and the rest wait for a worst
+    the round may raise above them."""
+    return float(max(k, math.ceil(OPEN_SHARE * n_open)))
+
+
+def landed_share(node_values: np.ndarray, worst: float) -> float | None:
+    """The share of the last round's new trie nodes (``node_values``: their exact target
+    log-probs) that score at least ``worst``, the current worst answer; None before there is
+    one or without new nodes."""
+    if not node_values.size or not math.isfinite(worst):
+        return None
+    return float(np.mean(node_values >= worst))
+
+
 def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> float:
     """This round's width from the last round's: doubled when at least half of the trie nodes
     the last round computed score at least the current worst answer (the draft's speculation is
     landing: trust it wider, fewer rounds), halved (to at least ``k``) when under a
     fourth do (the draft is guessing: fewer positions spent below the answer)."""
-    if not math.isfinite(width) or not node_values.size or not math.isfinite(worst):
+    landed = landed_share(node_values, worst)
+    if not math.isfinite(width) or landed is None:
         return width
-    landed = float(np.mean(node_values >= worst))
     if landed >= YIELD_WIDEN:
         return 2 * width
     if landed < YIELD_NARROW:
@@ -78,51 +125,83 @@ def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> 
     return width
 
 
+class Round(NamedTuple):
+    """What :func:`next_round` decided: the verdict now, the new sequences the next call scores
+    (None: the search stops), the width after this round, and the prefixes whose full target
+    rows the same call fetches (their "rest" exits are open)."""
+
+    proof: Proof
+    new: list | None
+    width: float
+    fetch: list = []
+
+
 def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
                width: float = math.inf, adaptive: bool = True):
-    """``(proof, new, next_width)``: the verdict on ``scored`` now, the new sequences the next
-    round should score (None when the search stops: proven, no proof possible, or the budget is
-    spent), opening at most ``width`` exits (the best by bound), and the next round's width
-    (twice this one). May fetch full target rows for "rest" exits (one call, counted by
+    """The next round (a :class:`Round`): the verdict on ``scored`` now, the new sequences the
+    next call should score (None when the search stops: proven, no proof possible, or the
+    budget is spent), opening at most ``width`` exits (the best by bound, see the module
+    docstring), the next round's width, and the nodes whose full rows the same call fetches.
+    When only "rest" exits are open, fetches their rows first (a call of its own, counted by
     ``scored``).
 
     Args:
       scored: what the search has scored so far.
       start, k: the slice ``[start, start + k)`` to prove.
-      complete: ``complete(prefixes, values, floor) -> sequences``, the speculated completions of
-        exit prefixes (``values``: their exact target log-probs; a path whose estimate falls
-        below ``floor``, the current worst answer, may stop early, see :func:`~jaxrescore.rescore.speculate.greedy_complete`).
+      complete: ``complete(prefixes, values, floor) -> Speculation``, the speculated completions
+        of exit prefixes (``values``: their exact target log-probs; a path whose estimate falls
+        below ``floor``, the current worst answer, may stop early, see
+        :func:`~jaxrescore.rescore.speculate.speculate`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
       width: exits this round may open (see :func:`first_width`).
     """
     proof, front = check_proof(scored, len(scored), start, k)
     if proof.proven is not False or start < 0 or not front.moved <= scored.tolerance:
-        return proof, None, width
+        return Round(proof, None, width)
     if rounds >= budget.max_rounds:
-        return proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None, width
+        return Round(proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None, width)
     # The budget counts everything the target evaluated: scored sequences and fetched rows.
     room = budget.max_sequences - scored.sequences
-    spent = proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}")
     if room <= 0:
-        return spent, None, width
-    opened = _open_prefixes(scored, front, start, k, fetch=room)
-    if opened is None:  # full rows were fetched: recompute before completing
-        proof, front = check_proof(scored, len(scored), start, k)
-        if proof.proven is not False:
-            return proof, None, width
-        room = budget.max_sequences - scored.sequences
-        if room <= 0:
-            return proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width
-        opened = _open_prefixes(scored, front, start, k, fetch=0)
-    prefixes, values = opened
+        return Round(proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width)
+    prefixes, values, rest = _open_prefixes(scored, front, start, k)
+    rest = [p for p in rest if p not in scored.rows][:room]
+    if not prefixes and rest:  # only "rest" exits are open: their rows first (a call of its own)
+        if not scored.fetch_rows(rest):
+            return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
+        return next_round(scored, start, k, complete, budget, rounds, width, adaptive)
     worst = kth_best(scored.target_lps, start + k - 1)
     if adaptive:
         width = adapt_width(width, scored.new_node_values(), worst, k)
-    take = int(min(room, width))
-    new = scored.new(complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance)))[:room]
-    if not new:
-        return proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width
-    return proof, new, width if adaptive else 2 * width
+    take = int(min(room - len(rest), width))
+    # few exits left (the answer is nearly settled): speculate below the answer too, so a path
+    # the draft undervalues is not extended one round per token
+    margin = TAIL_MARGIN if adaptive and len(prefixes) <= TAIL_EXITS * k else 0.0
+    spec = complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
+    aim = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
+    if adaptive and aim <= worst and take > share_of(len(prefixes), k) and rising(scored, start + k - 1):
+        # the worst answer is still rising and the draft expects no completion above it: it
+        # cannot tell which of the exits near the worst will matter
+        spec = spec.of_prefixes(int(share_of(len(prefixes), k)))
+    new = scored.new(spec.aimed(open_floor(aim, scored.tolerance), scored.structure.eos))[: max(room - len(rest), 0)]
+    if not new and not rest:
+        return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
+    return Round(proof, new, width if adaptive else 2 * width, rest)
+
+
+def aim_of(scored: ScoredSet, spec: Speculation, rank: int, worst: float) -> float:
+    """The score the answer's worst is expected to reach: the ``rank``-th best (0-based) of the
+    scored sequences' exact scores and the draft's estimates of the speculated paths it ended
+    itself that are not scored yet; never below ``worst``, the current one."""
+    est = spec.estimates()
+    fresh: dict = {}
+    for i in np.flatnonzero(est > worst).tolist():
+        seq = tuple(spec.rows[i, : spec.lengths[i]].tolist())
+        if seq not in scored.where:
+            fresh[seq] = est[i]
+    if not fresh:
+        return worst
+    return max(worst, kth_best(np.concatenate([scored.target_lps, np.fromiter(fresh.values(), float)]), rank))
 
 
 class SearchState(NamedTuple):
@@ -140,12 +219,13 @@ class SearchState(NamedTuple):
 def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, draft_scores,
                 budget: SearchBudget) -> SearchState:
     """One round: decide (:func:`next_round`) and, unless the search stops, score the new
-    sequences in ONE batched target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
+    sequences (and fetch the rows it asks for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
     gives their draft log-probs, NaN when unknown)."""
-    proof, new, width = next_round(scored, start, k, complete, budget, state.rounds, state.width, state.adaptive)
+    proof, new, width, fetch = next_round(scored, start, k, complete, budget, state.rounds, state.width,
+                                          state.adaptive)
     if new is None:
         return state._replace(proof=proof, stopped=True)
-    scored.add(new, draft_scores(new), np.full(len(new), -1))
+    scored.add(new, draft_scores(new), np.full(len(new), -1), fetch=fetch)
     return state._replace(proof=proof, rounds=state.rounds + 1, width=width)
 
 
@@ -185,10 +265,11 @@ def grow_until_certified(q: Query, draft: DraftView, pull: DraftPull, scored: Sc
     return pull, rounds
 
 
-def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fetch: int = 0):
-    """``(prefixes, values float64[P])``: the ``p + t`` prefixes of the open exits and their
-    exact target log-probs, likeliest first; or None after fetching the full rows of (at most
-    ``fetch``, the likeliest) nodes whose open exit is a top-m "rest"."""
+def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int):
+    """``(prefixes, values float64[P], rest)``: the ``p + t`` prefixes of the open exits whose
+    token is named and their exact target log-probs, likeliest first, and the nodes ``p``
+    (likeliest first) whose open exit is a top-m "rest" (every token the forward did not name:
+    only the node's full row resolves it)."""
     worst = kth_best(scored.target_lps, start + k - 1)
     ex = front.exits
     is_open = ~clears(worst, ex.value, scored.tolerance)
@@ -199,11 +280,8 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, *, fe
     def prefix(e):
         return tuple(int(t) for t in arrays.tokens[seq[e], : depth[e]]) if seq[e] >= 0 else ()
 
-    rest = np.flatnonzero(token == REST)
-    if fetch > 0 and rest.size:
-        scored.fetch_rows(list(dict.fromkeys(prefix(e) for e in rest))[:fetch])
-        return None
+    rest = list(dict.fromkeys(prefix(e) for e in np.flatnonzero(token == REST)))
     # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
     named = np.flatnonzero(token != REST)
     value = ex.value[is_open][order]
-    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in named], value[named]
+    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in named], value[named], rest

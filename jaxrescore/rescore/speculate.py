@@ -9,7 +9,7 @@ scores every speculated sequence and the proof reads only the target's numbers.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,7 +62,64 @@ def completion_model(draft_index: Any, draft_model: Any, target: Any):
     return model
 
 
+class Speculation(NamedTuple):
+    """Speculated paths, with what the draft expects of them (see :func:`speculate`).
+
+    Attributes:
+      rows: int32[N, L] padded paths (each a prefix it was asked to complete, then its tokens);
+      lengths: int64[N]; ``starts``: int64[N] the prefix's length; ``values``: float64[N] the
+        prefix's exact target log-prob (0 when none was given);
+      trace: float64[N, L], the estimate after each token from ``starts`` on (the value plus the
+        model's log-probs of the tokens added; a closing ``eos`` the model did not choose adds
+        nothing), ``+inf`` before;
+      natural: bool[N], a path the model ended itself (it chose ``eos``; a fixed-length target's
+        full row), not one closed at ``max_len - 1`` or below a floor.
+    """
+
+    rows: np.ndarray
+    lengths: np.ndarray
+    starts: np.ndarray
+    values: np.ndarray
+    trace: np.ndarray
+    natural: np.ndarray
+    origin: np.ndarray
+
+    def of_prefixes(self, n: int) -> "Speculation":
+        """The paths of the first ``n`` prefixes only (forks included)."""
+        keep = self.origin < n
+        return Speculation(*(a[keep] for a in self[:6]), self.origin[keep])
+
+    def sequences(self) -> list:
+        """The paths as tuples, each once, in order."""
+        return list(dict.fromkeys(tuple(r[:n].tolist()) for r, n in zip(self.rows, self.lengths)))
+
+    def estimates(self) -> np.ndarray:
+        """float64[N]: the draft's estimate of each path a model ended itself (a complete
+        sequence's expected target log-prob), ``-inf`` for the others."""
+        last = self.trace[np.arange(self.lengths.size), np.maximum(self.lengths - 1, 0)]
+        return np.where(self.natural & (self.lengths > self.starts), last, -np.inf)
+
+    def aimed(self, aim: float, eos: int | None) -> list:
+        """The paths of prefixes worth at least ``aim``, each cut (and closed with ``eos``) before
+        the first token that takes its estimate below ``aim``, as tuples, each once. Without an
+        ``eos`` (a fixed-length target) a path is not cut."""
+        out = []
+        for r, n, s, v, tr in zip(self.rows, self.lengths, self.starts, self.values, self.trace):
+            if v < aim:
+                continue
+            below = np.flatnonzero(tr[s:n] < aim) if eos is not None else ()
+            path = r[:n] if not len(below) else np.append(r[: s + below[0]], eos)
+            out.append(tuple(path.tolist()))
+        return list(dict.fromkeys(out))
+
+
 def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1, values=None, floor: float = -np.inf) -> list:
+    """The paths of :func:`speculate` as tuples, each once, in order."""
+    return speculate(model, prefixes, structure, branch, values, floor).sequences()
+
+
+def speculate(model, prefixes: list, structure: Structure, branch: int = 1, values=None,
+              floor: float = -np.inf) -> Speculation:
     """Complete each prefix into a sequence of the target's support by taking the model's likeliest
     next token (batched over prefixes, one model call per step). With ``branch > 1`` the first
     step after each prefix forks into the model's ``branch`` likeliest tokens, each then completed
@@ -86,20 +143,27 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
     lens = batch.lengths.astype(np.int64)
     rows = np.zeros((batch.size, max(max_len, batch.tokens.shape[1])), np.int32)
     rows[:, : batch.tokens.shape[1]] = batch.tokens  # padded with 0
-    est = np.zeros(batch.size) if values is None else np.asarray(values, np.float64).reshape(batch.size).copy()
+    value = np.zeros(batch.size) if values is None else np.asarray(values, np.float64).reshape(batch.size).copy()
+    est, starts = value.copy(), lens.copy()
+    trace = np.full(rows.shape, np.inf)
+    natural = np.zeros(batch.size, bool)
+    origin = np.arange(batch.size)
     first = True
     while True:
         alive = lens < max_len
         if eos is not None:  # a row that ended with eos is complete
             alive &= ~((lens > 0) & (rows[np.arange(lens.size), np.maximum(lens - 1, 0)] == eos))
+        else:  # a fixed-length target's full row is as the model made it
+            natural |= ~alive & (lens > starts)
         if eos is not None:  # the last position (or a prefix below floor): only eos, closing it
             at_end = alive & ((lens == max_len - 1) | (est < floor))
             rows[at_end, lens[at_end]] = eos
+            trace[at_end, lens[at_end]] = est[at_end]
             lens[at_end] += 1
             alive &= ~at_end
         idx = np.flatnonzero(alive)
         if idx.size == 0:
-            return list(dict.fromkeys(tuple(r[:n].tolist()) for r, n in zip(rows, lens)))
+            return Speculation(rows, lens, starts, value, trace, natural, origin)
         if lens[idx].max() >= limit:
             raise ValueError(
                 f"the completion model (max_len={limit}) cannot extend a prefix to the target's "
@@ -123,12 +187,19 @@ def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1
             j, forks, best = np.zeros(0, np.int64), rows[:0], np.argmax(lp, axis=1)  # first max, as the stable sort
         if eos is not None:  # a token that takes the estimate below the floor is not speculated:
             below = est[idx] + lp[np.arange(idx.size), best] < floor  # the path ends here instead
+            natural[idx] = ~below & (best == eos)
             best = np.where(below, eos, best)
         rows[idx, lens[idx]] = best
         fork_lens = lens[idx[j]] + 1
         fork_est = est[idx[j]] + lp[j, order[j, c + 1]] if j.size else est[:0]
+        fork_trace = trace[idx[j]]
+        fork_trace[np.arange(j.size), lens[idx[j]]] = fork_est
         est[idx] += lp[np.arange(idx.size), best]
+        trace[idx, lens[idx]] = est[idx]
         lens[idx] += 1
         rows, lens = np.concatenate([rows, forks]), np.concatenate([lens, fork_lens])
-        est = np.concatenate([est, fork_est])
+        est, trace = np.concatenate([est, fork_est]), np.concatenate([trace, fork_trace])
+        starts, value = np.concatenate([starts, starts[idx[j]]]), np.concatenate([value, value[idx[j]]])
+        origin = np.concatenate([origin, origin[idx[j]]])
+        natural = np.concatenate([natural, order[j, c + 1] == eos if j.size and eos is not None else np.zeros(j.size, bool)])
         first = False
