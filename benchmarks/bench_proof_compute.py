@@ -227,8 +227,12 @@ best-first's at every rank (within the target's 1e-3 tolerance), and wall time o
 The policy (wide workload, k = 10 and 100, prompts summed): the first round opens at most
 `search_width * k` of the open exits (the best by bound); "adaptive" (the default) doubles the
 width when at least half of the trie nodes the last round computed scored at least the current
-worst answer, halves it (to k at least) under a fourth, else keeps it; "doubling" doubles every
-round; "every open exit" opens all of them every round.
+worst answer, halves it (to k at least) under a fourth, else keeps it, and besides opens at most a
+quarter of the open exits while the worst answer is still rising and the draft expects nothing
+above it, and speculates 2 nats below the answer once at most k / 8 exits are left; "doubling"
+doubles every round; "every open exit" opens all of them every round. Every policy aims at the
+answer's expected worst score (the draft's estimates of the complete paths it speculated): exits
+below the aim wait, paths are cut where their estimate falls below it.
 
 {table(["draft", "policy", "k", "calls", "of best-first's", "positions", "positions ratio", "proven, = best-first"], srows)}
 

@@ -68,12 +68,14 @@ SEARCH_WIDTH = 2
 # least the current worst answer above which the width doubles, and below which it halves.
 YIELD_WIDEN = 0.5
 YIELD_NARROW = 0.25
-# The adaptive policy's other two rules (see share_of and next_round), chosen on the real-text
-# workload (benchmarks/text.py, student draft, prompts 'the' and 'if the'): opening at most a
-# quarter of the open exits took the positions at k = 10 / 300 from 1.60x / 1.46x best-first's to
-# 1.42x / 1.32x (a half: 1.48x / 1.38x) in the same calls; with at most k / 8 exits open, paths
-# speculated 2 nats below the answer took k = 300 from 22 to 19 calls (prompts summed) at no
-# measurable cost in positions.
+# The adaptive policy's other two rules (see share_of and next_round), measured on the real-text
+# workload (benchmarks/text.py, student draft, prompts 'the' and 'if the' summed): opening at most
+# a quarter of the open exits while the worst answer still rises and the draft expects nothing
+# above it took k = 10 from 1.60x to 1.45x best-first's positions in the same calls (in every
+# round it also took k = 300 from 1.46x to 1.32x, but the wide workload's student from 16 to 45
+# calls at k = 10: its answer is settled by the first call and every round's exits are needed);
+# with at most k / 8 exits open, speculating 2 nats below the answer took k = 300 from 22 to 19
+# calls at no measurable cost in positions.
 OPEN_SHARE = 0.25
 TAIL_EXITS = 0.125
 TAIL_MARGIN = 2.0
@@ -86,10 +88,11 @@ def first_width(search_width: int | None, k: int) -> float:
 
 def rising(scored: ScoredSet, rank: int) -> bool:
     """Whether either of the last two adds to ``scored`` raised the score at ``rank`` (0-based),
-    the worst answer: the answer is still being found."""
+    the worst answer, from a finite one: the answer is still being found (a first answer, e.g.
+    the draft's head, may be the final one)."""
     starts = scored.add_starts[-2:]
     scores = scored.target_lps
-    return any(kth_best(scores[:n], rank) < kth_best(scores[:m], rank)
+    return any(-math.inf < kth_best(scores[:n], rank) < kth_best(scores[:m], rank)
                for n, m in zip(starts, starts[1:] + [scores.size]))
 
 
@@ -133,7 +136,7 @@ class Round(NamedTuple):
     proof: Proof
     new: list | None
     width: float
-    fetch: list = []
+    fetch: list | tuple = ()
 
 
 def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,

@@ -70,8 +70,8 @@ class Speculation(NamedTuple):
       lengths: int64[N]; ``starts``: int64[N] the prefix's length; ``values``: float64[N] the
         prefix's exact target log-prob (0 when none was given);
       trace: float64[N, L], the estimate after each token from ``starts`` on (the value plus the
-        model's log-probs of the tokens added; a closing ``eos`` the model did not choose adds
-        nothing), ``+inf`` before;
+        model's log-probs of the tokens added; an ``eos`` forced at ``max_len - 1``, or after an
+        estimate already below the floor, adds nothing), ``+inf`` before;
       natural: bool[N], a path the model ended itself (it chose ``eos``; a fixed-length target's
         full row), not one closed at ``max_len - 1`` or below a floor.
     """
@@ -87,7 +87,7 @@ class Speculation(NamedTuple):
     def of_prefixes(self, n: int) -> "Speculation":
         """The paths of the first ``n`` prefixes only (forks included)."""
         keep = self.origin < n
-        return Speculation(*(a[keep] for a in self[:6]), self.origin[keep])
+        return Speculation(*(a[keep] for a in self))
 
     def sequences(self) -> list:
         """The paths as tuples, each once, in order."""
