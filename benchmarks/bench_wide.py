@@ -500,6 +500,10 @@ sequences (its first k, in quantized order, are its answer); beam is `jaxrescore
 or sequences teacher-forced (plus full rows fetched); token positions are what those forwards
 compute (a prefix of n tokens without a cache: n + 1 with BOS; teacher-forcing n tokens: n; prompts
 included).
+The `prove` and `certified` rows run through a counting proxy of the target, which has no
+incremental forward: every row they score is a full forward from the prompt on, so their token
+positions are full forwards' (the library's default path teacher-forces over key/value caches,
+about one position per new trie node: "Proof compute" compares it with KV-cached best-first).
 Every query starts from a fresh `SeekIndex(draft)` (default arguments) and grows it as it pulls
 (`ensure_count`: at most one whole bit a pass, stopping once it holds what is asked): the draft index's
 growth is in each time, and its sequences / draft rows are in the per-prompt table. Times: {runs_note}.
