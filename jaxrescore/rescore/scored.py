@@ -247,11 +247,12 @@ class ScoredSet:
         (see :meth:`fetch_rows`: independent of the scoring, so not a call of its own); a failed
         call leaves the set unchanged. Returns whether rows were fetched."""
         fetched = self._fetch(fetch)
-        if scored is None and seqs:
-            scored = self.score(seqs)
-            self.calls += int(scored[1] is None or scored[2] > 0 or fetched is not None)
-        elif fetched is not None and scored is None:
-            self.calls += 1
+        if scored is None:  # this set's own call: one, unless everything was known already
+            ran = False
+            if seqs:
+                scored = self.score(seqs)
+                ran = scored[1] is None or scored[2] > 0
+            self.calls += int(ran or fetched is not None)
         if seqs:
             self._add_scored(seqs, draft_lps, ranks, scored)
         self._store_rows(fetched)

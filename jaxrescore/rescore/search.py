@@ -104,23 +104,14 @@ def share_of(n_open: int, k: int) -> float:
     return float(max(k, math.ceil(OPEN_SHARE * n_open)))
 
 
-def landed_share(node_values: np.ndarray, worst: float) -> float | None:
-    """The share of the last round's new trie nodes (``node_values``: their exact target
-    log-probs) that score at least ``worst``, the current worst answer; None before there is
-    one or without new nodes."""
-    if not node_values.size or not math.isfinite(worst):
-        return None
-    return float(np.mean(node_values >= worst))
-
-
 def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> float:
     """This round's width from the last round's: doubled when at least half of the trie nodes
     the last round computed score at least the current worst answer (the draft's speculation is
     landing: trust it wider, fewer rounds), halved (to at least ``k``) when under a
     fourth do (the draft is guessing: fewer positions spent below the answer)."""
-    landed = landed_share(node_values, worst)
-    if not math.isfinite(width) or landed is None:
+    if not math.isfinite(width) or not node_values.size or not math.isfinite(worst):
         return width
+    landed = float(np.mean(node_values >= worst))
     if landed >= YIELD_WIDEN:
         return 2 * width
     if landed < YIELD_NARROW:
@@ -182,10 +173,12 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     margin = TAIL_MARGIN if adaptive and len(prefixes) <= TAIL_EXITS * k else 0.0
     spec = complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
     aim = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
-    if adaptive and aim <= worst and take > share_of(len(prefixes), k) and rising(scored, start + k - 1):
+    share = int(share_of(len(prefixes), k))
+    if adaptive and aim <= worst and take > share and rising(scored, start + k - 1):
         # the worst answer is still rising and the draft expects no completion above it: it
-        # cannot tell which of the exits near the worst will matter
-        spec = spec.of_prefixes(int(share_of(len(prefixes), k)))
+        # cannot tell which of the exits near the worst will matter (the aim needed the paths of
+        # all ``take``; only the best ``share`` exits' are scored)
+        spec = spec.of_prefixes(share)
     new = scored.new(spec.aimed(open_floor(aim, scored.tolerance), scored.structure.eos))[: max(room - len(rest), 0)]
     if not new and not rest:
         return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)

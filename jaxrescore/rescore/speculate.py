@@ -134,7 +134,10 @@ def speculate(model, prefixes: list, structure: Structure, branch: int = 1, valu
     model's log-probs of the tokens it added) below ``floor`` (and a fork below it is not made).
     That sequence is in the support and its forward gives the target's distribution after the
     last speculated token: the node becomes a live prefix with exact exits, and no node the draft
-    already expects below the answer is computed."""
+    already expects below the answer is computed.
+
+    Returns the paths as a :class:`Speculation`: the prefixes' rows first, in order, then the
+    forks, with the model's estimate after each token."""
     model = incremental(model)
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))
