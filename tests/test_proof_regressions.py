@@ -243,3 +243,27 @@ def test_prove_reaches_a_proof_on_small_supports_with_minus_inf_steps():
                 else:
                     assert_exact(r, truth, 0, k, f"seed {seed} window {window} k {k}")
     assert not failures, f"{len(failures)} searches did not prove, e.g. {failures[:3]}"
+
+
+# ---- 6. a draft whose vocabulary lacks the target's eos (issue 36 item 1) -----------------------
+
+
+def test_prove_with_a_draft_narrower_than_the_target_and_without_its_eos():
+    """Issue 36 item 1: a 2-token draft (eos 1) against a 4-token target (eos 3). Speculation
+    closes a path with the TARGET's eos and read that column from the draft's 2-wide rows
+    (IndexError). A draft that cannot say eos (or tokens 2, 3) gives no estimate for them (-inf);
+    the proof reads only the target's numbers, so every answer is proven and exact."""
+    cases = 0
+    for seed in range(12):
+        draft = as_model(TableModel(2, 4, seed, eos=1))
+        target = as_model(TableModel(4, 4, seed + 100, eos=3))
+        truth = support_scores(target, 4, 4)
+        for k in (1, 2, 3):
+            for window in (0, 5):
+                ri = RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=window)
+                r = ri.top_k(k, prove=True)
+                where = f"seed {seed} k {k} window {window}"
+                assert r.proven is True, f"{where}: {r.proof_reason}"
+                assert_exact(r, truth, 0, k, where)
+                cases += 1
+    assert cases == 72

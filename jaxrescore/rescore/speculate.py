@@ -71,7 +71,9 @@ class Speculation(NamedTuple):
         prefix's exact target log-prob (0 when none was given);
       trace: float64[N, L], the estimate after each token from ``starts`` on (the value plus the
         model's log-probs of the tokens added; an ``eos`` forced at ``max_len - 1``, or after an
-        estimate already below the floor, adds nothing), ``+inf`` before;
+        estimate already below the floor, adds nothing; a token outside a narrower model's rows,
+        such as the target's ``eos`` when the draft's vocabulary lacks it, has ``-inf``: the
+        model gives no estimate for it), ``+inf`` before;
       natural: bool[N], a path the model ended itself (it chose ``eos``; a fixed-length target's
         full row), not one closed at ``max_len - 1`` or below a floor.
     """
@@ -141,6 +143,8 @@ def speculate(model, prefixes: list, structure: Structure, branch: int = 1, valu
     model = incremental(model)
     eos, max_len = structure.eos, structure.max_len
     limit = min(max_len, int(getattr(model, "max_len", max_len)))
+    # the columns a row must have: the target's tokens, eos included (it closes paths)
+    need = max(structure.vocab_size or 0, 0 if eos is None else eos + 1)
     # rows: int32[N, max_len] padded sequences and their lengths, grown one column per step
     batch = from_tuples(prefixes)
     lens = batch.lengths.astype(np.int64)
@@ -177,6 +181,8 @@ def speculate(model, prefixes: list, structure: Structure, branch: int = 1, valu
         lp = np.where(np.isnan(lp), -np.inf, lp)
         if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
+        if lp.shape[1] < need:  # a narrower draft gives the target's extra tokens (eos among them)
+            lp = np.pad(lp, ((0, 0), (0, need - lp.shape[1])), constant_values=-np.inf)  # no estimate
         if first and branch > 1:
             order = np.argsort(-lp, axis=1, kind="stable")[:, :branch]
             # forks: each alive row's 2nd..branch-th likeliest finite tokens whose estimate stays
