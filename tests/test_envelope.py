@@ -433,6 +433,62 @@ def test_rescored_index_certifies_only_on_true_exhaustion():
     assert result.certified is False and short.truncated
 
 
+
+# Terminating drafts (V=3, max_len 4, eos 0) some of whose prefixes can never end: eos has
+# probability 0 after them up to max_len - 1, where only eos fits (issue 36 item 2).
+TRAPS = {
+    "a rank sent to a prefix promised none": {  # IndexError in descent._which (an empty assign)
+        (): (1, 1, 1), (1,): (0, .87, .13), (1, 1): (0, .5, .5), (1, 2): (.31, .2, .49),
+        (2, 1): (.24, .32, .44), (2, 2): (0, .96, .04), (1, 1, 1): (0, .04, .96),
+        (1, 1, 2): (0, .89, .11), (2, 1, 1): (0, .5, .5), (2, 1, 2): (0, .5, .5),
+        (2, 2, 2): (.05, .58, .37),
+    },
+    "rank 0 leads to a prefix that can never end": {  # RuntimeError: no earlier rank to take
+        (): (0, .38, .62), (1,): (0, .5, .5), (2,): (.18, .55, .27), (1, 1): (0, .5, .5),
+        (1, 2): (.92, .04, .04), (2, 1): (0, .5, .5), (2, 2): (.12, .34, .54),
+        (1, 1, 1): (0, .96, .04), (1, 1, 2): (0, .29, .71), (1, 2, 1): (0, .5, .5),
+        (1, 2, 2): (0, .5, .5), (2, 1, 1): (0, .5, .5), (2, 1, 2): (0, .5, .5),
+    },
+}
+
+
+def table_model(probs: dict, vocab: int = 3, length: int = 4, eos: int = 0):
+    """A batched model over ``probs`` (prefix -> next-token probabilities); unlisted prefixes uniform."""
+    def fn(prefixes, lengths):
+        rows = [probs.get(tuple(p[:n].tolist()), (1,) * vocab) for p, n in zip(prefixes, lengths)]
+        with np.errstate(divide="ignore"):
+            logs = np.log(np.asarray(rows, np.float64))
+        return (logs - np.logaddexp.reduce(logs, axis=1, keepdims=True)).astype(np.float32)
+
+    return CallableModel(fn, vocab_size=vocab, max_len=length, eos=eos, batched=True)
+
+
+@pytest.mark.parametrize("trap", list(TRAPS))
+def test_a_terminating_draft_with_prefixes_that_never_end(trap):
+    """Issue 36 item 2: every rank of the envelope gives a sequence of the draft's support (one
+    that meets a dead prefix takes a nearby rank's, reported as a collision) and a proving search
+    over it against a uniform target returns the target's exact top-k (a plain query may answer
+    fewer than k: the pulled window holds the collisions' repeats)."""
+    draft = table_model(TRAPS[trap])
+    target = table_model({})
+    env = AREnvelopeIndex(draft, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # collisions are expected here
+        seqs, lps = everything(env)
+    assert len(seqs) == len(env) > 0
+    for seq, lp in zip(seqs, lps):
+        assert seq[-1] == 0 and 0 not in seq[:-1] and lp > -math.inf and lp == exact_lp(draft, seq)
+    truth = sorted(target.score_sequences(support(target)).tolist(), reverse=True)
+    for k in (1, 3, 6):
+        for prove in (False, True):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                r = RescoredIndex(AREnvelopeIndex(draft, progress=False), target, rerank_window=5).top_k(k, prove=prove)
+            assert len({s for s, _ in r.items}) == len(r.items) <= k  # collisions may leave fewer
+            if prove:
+                assert r.proven is True, r.proof_reason
+                assert [lp for _, lp in r.items] == pytest.approx(truth[:k], abs=1e-6)
+
 def per_prefix(vocab, *, eos=None, seed=0):
     """The reference library's form (one prefix in, (tokens, log-probs) out): a bigram."""
     logits = np.random.default_rng(seed).normal(size=(vocab, vocab))

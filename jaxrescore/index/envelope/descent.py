@@ -253,6 +253,10 @@ class _Matched:
         self.assign, self.shared = _match(self.unit_b, comp_b)
 
     def _which(self, b: np.ndarray, o: np.ndarray):
+        if self.unit_b.size == 0:
+            # a prefix promised no ranks still receives collided ones (a parent with no slot left
+            # sends them to its last group; such a prefix may be one that can never end)
+            return np.zeros(b.size, np.int64), np.ones(b.size, bool)
         u = np.searchsorted(self.unit_b, b, side="left") + o.astype(np.int64)
         bad = u >= self.unit_b.size
         u = np.minimum(u, self.unit_b.size - 1)

@@ -336,22 +336,28 @@ class AREnvelopeIndex(EnvelopeCalibration):
 
     def _unrank(self, ranks: np.ndarray, *, warn: bool):
         """Sequences (tuples) and log-probs float64[N] of valid ``ranks: int64[N]``. A rank whose
-        descent meets a prefix with no continuation takes an earlier rank's sequence (a collision)."""
+        descent meets a prefix with no continuation takes a nearby rank's sequence (a collision):
+        the first that finds one at distance 1, 3, 7, ... (earlier before later, clipped to the
+        valid ranks; rank 0 itself may lead to a prefix that can never end)."""
         saved = (self.forwards, self.collisions)
         try:
             toks, lens, lps, coll, dead, cut = self._descend(ranks)
-            pending, tries, step = np.flatnonzero(dead), ranks.copy(), 1
+            pending, step, last = np.flatnonzero(dead), 1, len(self) - 1
             while pending.size:
-                if (tries[pending] == 0).all() and step > 1:
+                r = ranks[pending]
+                if step > 1 and (r - step // 2 <= 0).all() and (r + step // 2 >= last).all():
                     raise RuntimeError(
                         "the envelope descent found no sequence: the model has prefixes with no "
                         f"continuation within max_len={self.max_len}"
                     )
-                tries[pending] = np.maximum(tries[pending] - step, 0)
-                t2, l2, lp2, _, d2, _ = self._descend(tries[pending])
-                toks[pending], lens[pending], lps[pending] = t2, l2, lp2
+                tries = np.concatenate([np.maximum(r - step, 0), np.minimum(r + step, last)])
+                t2, l2, lp2, _, d2, _ = self._descend(tries)
+                m = pending.size
+                late = d2[:m] & ~d2[m:]  # the earlier rank died, the later one did not
+                pick = np.where(late, np.arange(m) + m, np.arange(m))
+                toks[pending], lens[pending], lps[pending] = t2[pick], l2[pick], lp2[pick]
                 coll[pending] = True
-                pending, step = pending[d2], 2 * step
+                pending, step = pending[d2[:m] & d2[m:]], 2 * step + 1
         except BaseException:
             self.forwards, self.collisions = saved
             raise
