@@ -216,8 +216,9 @@ def gpt2_reference(t: dict, cfg: dict, ids) -> np.ndarray:
     return _log_softmax(ln(x, "ln_f") @ g["wte.weight"].T)
 
 
-def llama_reference(t: dict, cfg: dict, ids) -> np.ndarray:
-    """float64[T, V] next-token log-probs of a Llama over ``ids`` (BOS first)."""
+def llama_reference(t: dict, cfg: dict, ids, inv=None, scale: float = 1.0) -> np.ndarray:
+    """float64[T, V] next-token log-probs of a Llama over ``ids`` (BOS first); ``inv`` (the
+    rotary frequencies) and ``scale`` (cos and sin's factor) given, or from the config."""
     g = {k.removeprefix("model."): np.asarray(v.astype(np.float32), np.float64) for k, v in t.items()}
     ids = np.asarray(ids)
     n, heads, kv, hd = len(ids), cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -225,17 +226,20 @@ def llama_reference(t: dict, cfg: dict, ids) -> np.ndarray:
     def rms(x, name):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg["rms_norm_eps"]) * g[name + ".weight"]
 
-    inv = cfg["rope_theta"] ** (-np.arange(0, hd, 2) / hd)
-    if cfg["rope_scaling"]:  # Llama 3.1's frequencies, as transformers' _compute_llama3_parameters
-        sc = cfg["rope_scaling"]
-        old, factor = sc["original_max_position_embeddings"], sc["factor"]
-        wavelen = 2 * np.pi / inv
-        scaled = np.where(wavelen > old / sc["low_freq_factor"], inv / factor, inv)
-        smooth = (old / wavelen - sc["low_freq_factor"]) / (sc["high_freq_factor"] - sc["low_freq_factor"])
-        medium = ~(wavelen < old / sc["high_freq_factor"]) & ~(wavelen > old / sc["low_freq_factor"])
-        inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    ang = np.arange(n)[:, None] * inv[None]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
+    if inv is None:
+        rp = cfg.get("rope_parameters") or {}  # transformers 5 spells it here, 4.x at the top level
+        inv = rp.get("rope_theta", cfg.get("rope_theta")) ** (-np.arange(0, hd, 2) / hd)
+        sc = rp if rp.get("rope_type") == "llama3" else cfg.get("rope_scaling")
+        if sc:  # Llama 3.1's frequencies, as transformers' _compute_llama3_parameters
+            old, factor = sc["original_max_position_embeddings"], sc["factor"]
+            wavelen = 2 * np.pi / inv
+            scaled = np.where(wavelen > old / sc["low_freq_factor"], inv / factor, inv)
+            smooth = (old / wavelen - sc["low_freq_factor"]) / (sc["high_freq_factor"] - sc["low_freq_factor"])
+            medium = ~(wavelen < old / sc["high_freq_factor"]) & ~(wavelen > old / sc["low_freq_factor"])
+            inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    ang = np.arange(n)[:, None] * np.asarray(inv)[None]
+    cos = np.cos(np.concatenate([ang, ang], -1))[:, None] * scale
+    sin = np.sin(np.concatenate([ang, ang], -1))[:, None] * scale
 
     def rope(x):
         return x * cos + np.concatenate([-x[..., hd // 2 :], x[..., : hd // 2]], -1) * sin
@@ -361,9 +365,9 @@ def test_llama_variants_biases_and_llama3_rope(tmp_path):
     assert from_pretrained(path).max_len == 6  # past the window it would attend differently
     with pytest.raises(ValueError, match="max_len"):
         from_pretrained(path, max_len=7)
-    unknown = dict(cfg, rope_scaling=dict(scaling, rope_type="yarn"))
-    with pytest.raises(ValueError, match="yarn"):
-        from_pretrained(write_checkpoint(tmp_path / "yarn", unknown, tensors, _llama_tokenizer()))
+    unknown = dict(cfg, rope_scaling=dict(scaling, rope_type="longrope"))
+    with pytest.raises(ValueError, match="longrope"):
+        from_pretrained(write_checkpoint(tmp_path / "longrope", unknown, tensors, _llama_tokenizer()))
 
 
 def test_int8_twin_and_options(gpt2_pair, llama_pair):

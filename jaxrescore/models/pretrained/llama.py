@@ -7,7 +7,8 @@ Checkpoint layout (``LlamaForCausalLM`` and its kin): keys with or without the `
 ``num_key_value_heads * head_dim`` rows; optional biases, as Qwen2 has on q/k/v),
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj``, then ``norm``; ``lm_head.weight
 [V, d]`` unless ``tie_word_embeddings``. ``rotary_emb.inv_freq`` buffers are skipped (the
-frequencies come from ``rope_theta`` and ``rope_scaling``).
+frequencies come from the config: ``rope_parameters`` as transformers 5 writes it, or 4.x's
+``rope_theta`` and ``rope_scaling``; see :mod:`~jaxrescore.models.pretrained.rope`).
 """
 
 from __future__ import annotations
@@ -18,27 +19,7 @@ import numpy as np
 
 from jaxrescore.models.pretrained.files import TensorTable, as_dtype
 from jaxrescore.models.pretrained.network import DecoderSpec
-
-ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def _rope_scaling(config: dict):
-    scaling = config.get("rope_scaling")
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise ValueError(f"config.json: rope_scaling must be null or an object, got {scaling!r}")
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"config.json: rope_scaling type {kind!r} is not supported; supported: {ROPE_TYPES}")
-    if kind == "default":
-        return None
-    keys = ("factor",) if kind == "linear" else (
-        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [k for k in keys if k not in scaling]
-    if missing:
-        raise ValueError(f"config.json: rope_scaling of type {kind!r} needs {missing}")
-    return tuple(sorted([("rope_type", kind)] + [(k, float(scaling[k])) for k in keys]))
+from jaxrescore.models.pretrained.rope import rope_settings
 
 
 def spec_of(config: dict, dtype: str) -> DecoderSpec:
@@ -47,6 +28,7 @@ def spec_of(config: dict, dtype: str) -> DecoderSpec:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json: hidden_act={act!r}; the Llama family runs 'silu' (SwiGLU)")
+    theta, scaling = rope_settings(config)
     d, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     kv = int(config.get("num_key_value_heads") or heads)
     if heads % kv:
@@ -65,8 +47,8 @@ def spec_of(config: dict, dtype: str) -> DecoderSpec:
         max_positions=int(config["max_position_embeddings"]),
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         activation="silu",
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rope_scaling=_rope_scaling(config),
+        rope_theta=theta,
+        rope_scaling=scaling,
         tied=bool(config.get("tie_word_embeddings", False)),
         dtype=dtype,
     )

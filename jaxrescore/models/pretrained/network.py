@@ -6,7 +6,7 @@ says which pieces it uses:
 - GPT-2: learned positions added to the token embedding, LayerNorm (scale and bias), attention
   and MLP with biases, GELU MLP (``"gelu_new"``: the tanh form GPT-2 uses, or exact ``"gelu"``);
 - Llama family: rotary positions on queries and keys (``rope_theta``; the ``rotate_half`` layout
-  of Hugging Face checkpoints; optional ``llama3``/``linear`` frequency scaling), RMSNorm (scale
+  of Hugging Face checkpoints; ``linear``/``llama3``/``yarn`` scaling, see :mod:`.rope`), RMSNorm (scale
   only, ``eps`` inside the square root), SwiGLU MLP (``down(silu(gate(x)) * up(x))``), grouped
   key/value heads (``n_kv_heads`` divides ``n_heads``), optional biases (Qwen2's q/k/v).
 
@@ -37,7 +37,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jaxrescore.models.pretrained import rope as rotary
 
 FAMILIES = ("gpt2", "llama")
 
@@ -55,8 +55,9 @@ class DecoderSpec:
       norm_eps: the LayerNorm / RMSNorm epsilon.
       activation: ``"gelu_new"``, ``"gelu"`` (GPT-2) or ``"silu"`` (Llama's SwiGLU).
       rope_theta: the rotary base (Llama family; None for GPT-2).
-      rope_scaling: None, or a sorted tuple of ``(key, value)`` pairs of the config's
-        ``rope_scaling`` (``rope_type`` ``"llama3"`` or ``"linear"``).
+      rope_scaling: None, or a sorted tuple of ``(key, value)`` pairs with every number the
+        frequencies need (``rope_type`` ``"linear"``, ``"llama3"`` or ``"yarn"``; see
+        :mod:`~jaxrescore.models.pretrained.rope`).
       tied: whether the output head is the embedding table (``x @ embed.T``).
       dtype: the compute dtype's name (``"float32"``, ``"bfloat16"``, ``"float16"``).
     """
@@ -121,32 +122,14 @@ def _mlp(spec: DecoderSpec, p, x):
     return _dense(gate * _dense(x, p["up"], p.get("up_b")), p["down"], p.get("down_b"))
 
 
-def inverse_frequencies(spec: DecoderSpec) -> np.ndarray:
-    """float64[Dh/2]: the rotary frequencies, with the config's ``rope_scaling`` applied
-    (``llama3``: Llama 3.1's wavelength-dependent scaling; ``linear``: every frequency / factor)."""
-    dh = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
-    scaling = dict(spec.rope_scaling or ())
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        inv = inv / float(scaling["factor"])
-    elif kind == "llama3":
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        smooth = (old / wavelen - low) / (high - low)
-        mid = (1 - smooth) * inv / factor + smooth * inv
-        inv = np.where(wavelen > old / low, inv / factor, np.where(wavelen < old / high, inv, mid))
-    return inv
-
-
 def _rope(spec: DecoderSpec, positions):
-    """``(cos, sin)`` float32[..., 1, Dh] at integer ``positions[...]`` (the head axis broadcast)."""
-    inv = jnp.asarray(inverse_frequencies(spec), jnp.float32)
+    """``(cos, sin)`` float32[..., 1, Dh] at integer ``positions[...]`` (the head axis broadcast),
+    times the scaling's attention factor (YaRN's; 1 otherwise) as transformers applies it."""
+    inv = jnp.asarray(rotary.inverse_frequencies(spec.rope_theta, spec.head_dim, spec.rope_scaling), jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * inv
     angles = jnp.concatenate([angles, angles], axis=-1)[..., None, :]
-    return jnp.cos(angles), jnp.sin(angles)
+    factor = rotary.attention_factor(spec.rope_scaling)
+    return jnp.cos(angles) * factor, jnp.sin(angles) * factor
 
 
 def _rotate(x, cos, sin):
