@@ -1,5 +1,6 @@
-"""Pretrained checkpoints: :func:`from_pretrained` reads a local Hugging Face folder (GPT-2 and
-Llama families) into a :class:`PretrainedLM` (see :mod:`jaxrescore.models.pretrained.model`)."""
+"""Pretrained checkpoints: :func:`from_pretrained` reads a local Hugging Face folder or a GGUF file
+(GPT-2 and Llama families) into a :class:`PretrainedLM` (see
+:mod:`jaxrescore.models.pretrained.model`)."""
 
 from jaxrescore.models.pretrained.files import HFTokenizer
 from jaxrescore.models.pretrained.model import PretrainedLM, from_pretrained

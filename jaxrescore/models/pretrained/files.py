@@ -30,14 +30,18 @@ def _need(module: str):
 
 def check_directory(directory: Any) -> str:
     """``directory`` as a path string; TypeError for a non-path, ValueError when it is not a
-    directory holding ``config.json``."""
+    directory holding ``config.json`` (a ``.gguf`` file takes another route: see ``model.py``)."""
     if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a path (str or os.PathLike), got {type(directory).__name__}")
+        raise TypeError(
+            f"directory must be a path (str or os.PathLike) to a checkpoint folder or a .gguf file, "
+            f"got {type(directory).__name__}"
+        )
     path = os.fspath(directory)
     if not os.path.isdir(path):
         raise ValueError(
             f"directory={path!r} is not a directory; from_pretrained reads a local checkpoint folder "
-            "(config.json, *.safetensors, tokenizer.json) and downloads nothing"
+            "(config.json, *.safetensors, tokenizer.json) or a local file whose name ends in .gguf, "
+            "and downloads nothing"
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"directory={path!r} has no config.json: not a Hugging Face checkpoint folder")

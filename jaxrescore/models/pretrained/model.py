@@ -1,4 +1,5 @@
-"""from_pretrained: a local Hugging Face checkpoint folder as a JAX model with the full interface.
+"""from_pretrained: a local Hugging Face checkpoint folder, or a GGUF file, as a JAX model with the
+full interface.
 
 ``from_pretrained(directory)`` reads ``config.json``, the safetensors weights and
 ``tokenizer.json`` of a GPT-2-family or Llama-family checkpoint and returns a
@@ -8,6 +9,12 @@ incremental forward keeps key/value caches (the prompt's held once, each row its
 see :mod:`jaxrescore.models.decoding`), whose int8 twin is ``quantize_int8(model)``, and which
 reads and writes text with the checkpoint's tokenizer (``model.with_prompt("some text")``,
 ``result.texts``).
+
+``from_pretrained("model.gguf")`` reads llama.cpp's one-file format instead (architectures
+``llama``, ``qwen2``, ``gpt2``; float, 8-, 5- and 4-bit and K-quant tensors dequantised on the host
+to ``dtype``; the tokenizer rebuilt from the metadata): the same network as the Hugging Face folder
+the file was converted from (see :mod:`jaxrescore.models.pretrained.gguf` and
+:mod:`~jaxrescore.models.pretrained.gguf_tokenizer`).
 
 Sequences and BOS. A sequence is the tokens AFTER a conditioning first position that the model
 feeds itself (``bos_id``, never part of a sequence or a prompt) and ends with ``eos``:
@@ -19,15 +26,19 @@ feeds itself (``bos_id``, never part of a sequence or a prompt) and ends with ``
   prepends it; ``eos`` is ``eos_token_id`` (the first one when the config lists several, e.g.
   Llama 3's ``[128001, 128008, 128009]``: pass ``eos=`` to pick another). A config without a BOS
   id (some Qwen configs) conditions on its eos id.
+- GGUF files: ``tokenizer.ggml.bos_token_id`` and ``eos_token_id``. Position 0 is fed even when
+  ``tokenizer.ggml.add_bos_token`` is false (SmolLM2, Qwen2: llama.cpp then starts without it),
+  as it is for the same model's folder: pass ``bos_id=`` another id to condition on that.
 
 The tokenizer encodes text WITHOUT special tokens (the BOS above is the model's, so it is never
 doubled) and decodes with them (a result's text shows exactly what was scored, its final eos
-left out). Nothing here downloads: the folder is where the user keeps the checkpoint (e.g. one
-written by ``huggingface-cli download gpt2 --local-dir ./gpt2`` or ``save_pretrained``).
+left out). Nothing here downloads: the folder or file is where the user keeps the checkpoint
+(e.g. one written by ``huggingface-cli download gpt2 --local-dir ./gpt2`` or ``save_pretrained``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -43,6 +54,8 @@ from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.mesh import check_mesh, to_host
 from jaxrescore.models.pretrained import gpt2, llama
 from jaxrescore.models.pretrained.files import check_directory, read_config, read_tensors, read_tokenizer
+from jaxrescore.models.pretrained.gguf import config_of, open_gguf, tensors_of
+from jaxrescore.models.pretrained.gguf_tokenizer import tokenizer_from_metadata
 from jaxrescore.models.pretrained.network import (
     DecoderSpec,
     NetworkApply,
@@ -73,8 +86,9 @@ class PretrainedLM(JaxLM):
     Attributes:
       spec: the :class:`~jaxrescore.models.pretrained.network.DecoderSpec` (family, widths, dtype).
       params: the weights dict (see :mod:`jaxrescore.models.pretrained.network`).
-      config: the checkpoint's ``config.json`` as a dict.
-      directory: the folder it was read from.
+      config: the checkpoint's ``config.json`` as a dict (for a GGUF file: its metadata's
+        scalars, e.g. ``general.architecture``, ``llama.context_length``).
+      directory: the folder (or GGUF file) it was read from.
       tokenizer: the checkpoint's tokenizer (an ``HFTokenizer``) or None.
     """
 
@@ -176,6 +190,13 @@ def _token_id(value, name: str) -> int | None:
     return value
 
 
+def _is_gguf(directory: Any) -> bool:
+    if not isinstance(directory, (str, os.PathLike)):
+        return False
+    path = os.fspath(directory)
+    return isinstance(path, str) and path.lower().endswith(".gguf") and not os.path.isdir(path)
+
+
 def from_pretrained(
     directory: Any,
     *,
@@ -187,36 +208,64 @@ def from_pretrained(
     bos_id: Any = FROM_CONFIG,
     tokenizer: Any = True,
 ) -> PretrainedLM:
-    """Load a local Hugging Face checkpoint folder of the GPT-2 or Llama family (see the module
-    docstring for what a sequence is and where BOS comes from).
+    """Load a local Hugging Face checkpoint folder, or a GGUF file, of the GPT-2 or Llama family
+    (see the module docstring for what a sequence is and where BOS comes from).
 
     Args:
       directory: the folder holding ``config.json``, ``model.safetensors`` (or shards listed by
-        ``model.safetensors.index.json``) and, optionally, ``tokenizer.json``. ``model_type``
-        ``gpt2``, ``llama``, ``mistral`` or ``qwen2``.
+        ``model.safetensors.index.json``) and, optionally, ``tokenizer.json``: ``model_type``
+        ``gpt2``, ``llama``, ``mistral`` or ``qwen2``. Or a path ending ``.gguf``: one llama.cpp
+        file (``general.architecture`` ``llama``, ``qwen2`` or ``gpt2``; tensor types F32, F16,
+        BF16, Q8_0, Q5_0/1, Q4_0/1 and the K-quants Q2_K..Q6_K), whose hyperparameters, BOS/EOS
+        ids and tokenizer come from its metadata (see :mod:`~jaxrescore.models.pretrained.gguf`).
       dtype: the weights' and compute dtype: None (float32, whatever the file stores: exact
-        scores, the library's default), ``"bfloat16"``/``"float16"`` (half the memory; the
-        model's ``score_tolerance`` becomes 0.1 nats), or ``"auto"`` (the config's
-        ``torch_dtype``). Norms, attention softmax and log-probs run in float32 either way.
+        scores, the library's default; a GGUF file's quantised weights are dequantised to it),
+        ``"bfloat16"``/``"float16"`` (half the memory; the model's ``score_tolerance`` becomes
+        0.1 nats), or ``"auto"`` (the config's ``torch_dtype``; a GGUF file's float16 or bfloat16
+        when ``general.file_type`` says it holds those, else float32). Norms, attention softmax
+        and log-probs run in float32 either way.
       mesh: optional ``jax.sharding.Mesh``: forwards shard the batch over it (see
         :meth:`~jaxrescore.models.JaxLM.with_mesh`).
       shard_params: with ``mesh``, split every weight over the mesh's devices (a model larger
         than one device) instead of replicating it; weights go from the host straight to their
         shards.
       max_len: the longest sequence in the support, eos included (default and maximum: the
-        config's context length, ``n_positions`` / ``max_position_embeddings``, or a Mistral
-        ``sliding_window`` when shorter: longer contexts would attend differently).
-      eos: the end-of-sequence id (default: the config's ``eos_token_id``); None for
-        fixed-length sequences of ``max_len`` tokens.
-      bos_id: the id fed at position 0 (default: the config's ``bos_token_id``, else its eos).
-      tokenizer: True (read ``tokenizer.json`` when the folder has one), False (ids only), or a
-        tokenizer object of one's own (``encode``/``decode``, see ``with_tokenizer``).
+        config's context length, ``n_positions`` / ``max_position_embeddings`` /
+        ``{arch}.context_length``, or a Mistral ``sliding_window`` when shorter: longer contexts
+        would attend differently).
+      eos: the end-of-sequence id (default: the config's ``eos_token_id``, a GGUF file's
+        ``tokenizer.ggml.eos_token_id``); None for fixed-length sequences of ``max_len`` tokens.
+      bos_id: the id fed at position 0 (default: the config's ``bos_token_id``, a GGUF file's
+        ``tokenizer.ggml.bos_token_id``, else the eos id).
+      tokenizer: True (read ``tokenizer.json`` when the folder has one; rebuild a GGUF file's
+        from its metadata: byte-level BPE, see
+        :mod:`~jaxrescore.models.pretrained.gguf_tokenizer`), False (ids only), or a tokenizer
+        object of one's own (``encode``/``decode``, see ``with_tokenizer``).
 
     Returns:
-      A :class:`PretrainedLM`.
+      A :class:`PretrainedLM` (``config``: the ``config.json`` dict, or a GGUF file's metadata
+      scalars; ``directory``: the folder or file).
     """
+    options = dict(dtype=dtype, mesh=mesh, shard_params=shard_params, max_len=max_len, eos=eos, bos_id=bos_id)
+    if _is_gguf(directory):
+        path = os.fspath(directory)
+        with open_gguf(path) as source:
+            config = config_of(source)
+            return _load(
+                path, config, lambda: tensors_of(source, config), tokenizer,
+                lambda: tokenizer_from_metadata(source.metadata, path), source.scalars(), **options,
+            )
     path = check_directory(directory)
     config = read_config(path)
+    return _load(path, config, lambda: read_tensors(path), tokenizer, lambda: read_tokenizer(path), config, **options)
+
+
+def _load(
+    path, config, tensors, tokenizer, own_tokenizer, shown, *, dtype, mesh, shard_params, max_len, eos, bos_id
+) -> PretrainedLM:
+    """The model of ``config`` with weights from ``tensors()`` (a name -> array mapping) and
+    ``tokenizer`` (True: ``own_tokenizer()``, the checkpoint's); ``shown`` becomes its ``config``
+    attribute."""
     model_type = config.get("model_type")
     family = FAMILY_OF.get(model_type)
     if family is None:
@@ -241,19 +290,19 @@ def from_pretrained(
         bos_id = _token_id(config.get("bos_token_id"), "bos_token_id")
         bos_id = eos if bos_id is None else bos_id
         if bos_id is None:
-            raise ValueError("config.json names neither bos_token_id nor eos_token_id: pass bos_id=")
+            raise ValueError("the checkpoint names neither a bos_token_id nor an eos_token_id: pass bos_id=")
     bos_id = check_int(bos_id, "bos_id", minimum=0, maximum=vocab)
     if tokenizer is True:
-        tok = read_tokenizer(path)
+        tok = own_tokenizer()
     elif tokenizer is False or tokenizer is None:
         tok = None
     else:
         tok = tokenizer
-    params = family.params_of(spec, read_tensors(path), jnp.dtype(spec.dtype))
+    params = family.params_of(spec, tensors(), jnp.dtype(spec.dtype))
     if mesh is None:
         params = jax.device_put(params)
     model = PretrainedLM(
-        spec, params, eos=eos, bos_id=bos_id, max_len=max_len, mesh=mesh, config=config, directory=path
+        spec, params, eos=eos, bos_id=bos_id, max_len=max_len, mesh=mesh, config=shown, directory=path
     )
     model.shard_params = bool(shard_params) and mesh is not None
     return model if tok is None else model.with_tokenizer(tok)
