@@ -56,10 +56,23 @@ def test_sampling_a_prompted_model():
     assert all(t[-1] == 0 and len(t) <= pm.max_len for t in s.to_tuples())
 
 
+def test_a_prompt_may_contain_eos():
+    """A chat prompt ends the user's turn with the eos that ends the answer: the prompt is
+    context, its continuations the support; the teacher-forced and the cached paths agree."""
+    m = TransformerLM(TransformerConfig(vocab_size=4, d_model=32, n_layers=1, n_heads=2, max_len=6, eos=0))
+    pm = m.with_prompt([1, 0, 2])
+    seqs = [(0,), (3, 0), (1, 2, 0)]
+    by_rows = []
+    for s in seqs:  # row j: log p(. | prompt + s[:j]), prefixes padded to 2 tokens
+        prefixes = np.array([list(s[:j]) + [0] * (2 - j) for j in range(len(s))], np.int32)
+        rows = pm.next_logprobs(prefixes, np.arange(len(s), dtype=np.int32))
+        by_rows.append(sum(float(rows[j, t]) for j, t in enumerate(s)))
+    np.testing.assert_allclose(pm.score_sequences(seqs), by_rows, atol=1e-4)
+    assert ngram().with_prompt([1, 0]).max_len == ngram().max_len - 2
+
+
 def test_prompt_errors():
     m = ngram()
-    with pytest.raises(ValueError, match="contains eos"):
-        m.with_prompt([1, 0])
     with pytest.raises(ValueError, match="no room"):
         m.with_prompt([1] * m.max_len)
     with pytest.raises(ValueError, match="tokens must lie"):

@@ -30,8 +30,10 @@ from jaxrescore.typing import ArrayLike, Sequences, Tokens
 def check_prompt(base, prompt) -> tuple[int, ...]:
     """Validate ``prompt`` for ``base`` and return it as a tuple of ints.
 
-    A prompt (possibly empty: then the prompted model scores like the base) must hold token ids in ``[0, vocab_size)``, leave room for at least one more token and, for a terminating
-    model, not contain ``eos`` (a finished sequence has no continuations).
+    A prompt (possibly empty: then the prompted model scores like the base) must hold token ids
+    in ``[0, vocab_size)`` and leave room for at least one more token. It may contain ``eos``: a
+    prompt is context, not a sequence of the support (a chat prompt ends the user's turn with the
+    same ``<|im_end|>`` that ends the answer), and the support is the continuations after it.
     """
     if isinstance(prompt, (str, bytes)):
         raise TypeError(f"prompt must be a sequence of integer token ids, got {type(prompt).__name__}")
@@ -55,8 +57,6 @@ def check_prompt(base, prompt) -> tuple[int, ...]:
         raise ValueError(
             f"prompt of length {len(toks)} leaves no room under max_len={base.max_len}"
         )
-    if base.eos is not None and base.eos in toks:
-        raise ValueError(f"prompt {toks} contains eos={base.eos}; it has no continuations")
     return toks
 
 

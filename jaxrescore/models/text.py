@@ -90,7 +90,12 @@ def codec_of(model: Any) -> TextCodec | None:
 
 
 def encode_prompt(model: Any, prompt: Any) -> Any:
-    """A prompt as given, or ``prompt`` encoded with the model's codec when it is text."""
+    """A prompt as given, or ``prompt`` encoded with the model's codec when it is text.
+
+    A text whose first token is the model's ``bos_id`` (a chat template written out, e.g.
+    SmolLM2's ``"<|im_start|>user\n..."`` with ``<|im_start|>`` as BOS) drops that token: the
+    model feeds ``bos_id`` at position 0 itself, so the text conditions exactly as written
+    instead of on a doubled BOS."""
     if not isinstance(prompt, str):
         return prompt
     codec = codec_of(model)
@@ -99,4 +104,8 @@ def encode_prompt(model: Any, prompt: Any) -> Any:
             "a text prompt needs a model with a vocabulary or a tokenizer (model.with_tokenizer(tok), "
             "or save_model(..., vocabulary=...)); pass token ids instead"
         )
-    return codec.encode(prompt)
+    ids = tuple(codec.encode(prompt))
+    bos = getattr(model, "bos_id", None)
+    if ids and bos is not None and ids[0] == bos and not getattr(model, "prompt", ()):
+        return ids[1:]
+    return ids
