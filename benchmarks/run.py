@@ -46,6 +46,7 @@ SECTIONS = [
     ("certificate", "bench_certificate"),
     ("cold", "bench_cold"),
     ("multihost", "bench_multihost"),
+    ("pretrained", "bench_pretrained"),
 ]
 
 HEADER = """# Benchmarks
