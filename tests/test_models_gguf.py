@@ -478,7 +478,14 @@ def test_header_reader_agrees_with_gguf_reader(tmp_path):
     original = trained_tokenizer("smollm")
     cfg = llama_config()
     path = str(tmp_path / "m.gguf")
-    write_gguf(tmp_path / "m.gguf", cfg, llama_tensors(cfg, seed=6), Q.Q4_1, tokenizer=original)
+    rng = np.random.default_rng(6)
+    extra = []  # K-quants (gguf-py cannot write them) and 5-bit types as raw blocks: the reshaping
+    for qtype in (Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q5_0, Q.Q5_1):
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(3, 2 * size), dtype=np.uint8)
+        raw.view(np.uint16)[:] &= 0x3BFF  # every float16 field finite (exponent below 15)
+        extra.append((f"extra.{qtype.name}", raw, qtype))
+    write_gguf(tmp_path / "m.gguf", cfg, llama_tensors(cfg, seed=6), Q.Q4_1, tokenizer=original, extra_tensors=extra)
     reference = gguf.GGUFReader(path)
     with open_gguf(path) as g:
         assert list(g.tensors) == [t.name for t in reference.tensors]
@@ -486,7 +493,9 @@ def test_header_reader_agrees_with_gguf_reader(tmp_path):
             assert g.tensors[t.name].type_name == t.tensor_type.name
             assert g.tensors[t.name].shape == tuple(reversed(t.shape.tolist()))
             assert g.tensors[t.name].start == t.data_offset
-            np.testing.assert_array_equal(g.array(t.name), gguf.quants.dequantize(t.data, t.tensor_type))
+            ours = g.array(t.name)
+            assert ours.shape == tuple(reversed(t.shape.tolist())) and np.isfinite(ours).all()
+            np.testing.assert_array_equal(ours, gguf.quants.dequantize(t.data, t.tensor_type))
         for key, field in reference.fields.items():
             if key.startswith("GGUF."):
                 continue
