@@ -530,11 +530,11 @@ def test_smollm2_135m_instruct_q4_1(tmp_path_factory):
     assert tok.decode(ids) == CHAT
     # SmolLM2's splitting: each digit alone (the smollm pre-tokenizer), then GPT-2's regex
     assert tok.encode("Hello world! 123") == [19556, 905, 17, 216, 33, 34, 35]
-    # the chat prompt holds eos (<|im_end|>), so it is a prefix here, not a with_prompt prompt
+    chat = model.with_prompt(CHAT)  # a chat prompt: eos (<|im_end|>) inside, <|im_start|> first
     out = []
     for step in range(8):
-        prefix = np.array([ids + out], np.int32)
-        row = model.next_logprobs(prefix, np.array([prefix.shape[1]], np.int32))[0]
+        prefix = np.array([out + [0]], np.int32)
+        row = chat.next_logprobs(prefix, np.array([len(out)], np.int32))[0]
         if step == 0:
             top = [tok.decode([int(i)]).strip() for i in np.argsort(-row)[:3]]
             assert "The" in top and "Paris" in top, top
