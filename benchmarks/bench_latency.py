@@ -122,7 +122,7 @@ def sweep_rows(n_queries, repeats):
 def proven_sweep_rows(n_queries, repeats):
     """A PROVEN sweep (``sweep(..., prove=True)``: one search for the widest slice) against a loop
     of single proven queries (``slice(s, k, prove=True)``, each its own search)."""
-    target, draft = load_target(), fit_draft()
+    target, draft = names_target(), names_draft()
     index = SeekIndex(draft, progress=False).ensure_count(2000)
     rng = np.random.default_rng(1)
     starts = rng.integers(0, 50, n_queries).tolist()

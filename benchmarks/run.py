@@ -2,7 +2,8 @@
 
     python3 benchmarks/run.py                 # everything (~17 minutes on 2 cores): BENCHMARKS.md
                                               # at the repository root, plots in benchmarks/figures/
-    python3 benchmarks/run.py --quick --out DIR   # a smoke run of every section (the tests run it)
+    python3 benchmarks/run.py --quick --out DIR   # a smoke run of every section, written to DIR
+                                                  # (without --out: a new temporary folder)
     python3 benchmarks/run.py --only latency,proven   # re-measure some sections, replacing them
                                                       # in the existing BENCHMARKS.md
 
@@ -99,8 +100,12 @@ def _split(markdown: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a smoke run: small sizes, no reference rows")
-    ap.add_argument("--out", default=None, help="folder for BENCHMARKS.md and the plots (default: the repository)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: small sizes, no reference rows; written to --out, else to a new "
+                         "temporary folder (never over the repository's figures)")
+    ap.add_argument("--out", default=None,
+                    help="folder for BENCHMARKS.md and the plots (default: the repository; with --quick a "
+                         "new temporary folder)")
     ap.add_argument("--only", default="", help="comma-separated sections: " + ", ".join(n for n, _ in SECTIONS))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed to one section")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -115,6 +120,9 @@ def main(argv=None) -> int:
     unknown = [n for n in only if n not in names]
     if unknown:
         ap.error(f"--only: unknown sections {unknown}; choose from {list(names)}")
+    if args.quick and not args.out:  # smoke-run figures must never replace the committed ones
+        args.out = tempfile.mkdtemp(prefix="jaxrescore-bench-quick-")
+        print(f"--quick without --out: writing to {args.out}", file=sys.stderr)
     out_dir = os.path.abspath(args.out) if args.out else ROOT
     fig_dir = os.path.join(out_dir, "figures") if args.out else os.path.join(HERE, "figures")
     os.makedirs(fig_dir, exist_ok=True)

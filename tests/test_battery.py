@@ -43,7 +43,6 @@ CI draws the same cases every run; ``JAXRESCORE_BATTERY_EXPLORE=1`` draws new on
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import os

@@ -35,3 +35,27 @@ def test_quick_run_writes_benchmarks_md(tmp_path):
     for heading in ("## Proven top-k", "## Certificate soundness"):
         assert heading in text
     assert "| top-10 | prove (window 32) |" in text and "| True | True |" in text
+
+
+def test_quick_without_out_never_writes_into_the_repository(tmp_path, monkeypatch, capsys):
+    """Issue 36 item 5: ``--quick`` without ``--out`` replaced the committed BENCHMARKS.md and
+    plots with smoke-run figures; it now writes to a new temporary folder and says where."""
+    import tempfile
+
+    import run as harness
+
+    repo, bench = tmp_path / "repo", tmp_path / "repo" / "benchmarks"
+    bench.mkdir(parents=True)
+    (repo / "BENCHMARKS.md").write_text("# Benchmarks\n\ncommitted\n")
+    monkeypatch.setattr(harness, "ROOT", str(repo))  # a stand-in repository: nothing real at stake
+    monkeypatch.setattr(harness, "HERE", str(bench))
+    monkeypatch.setattr(harness, "available", lambda module: True)
+    monkeypatch.setattr(harness, "run_section", lambda module, quick, fig_dir, timeout: f"## {module}\n\nsmoke\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temporary folder goes here too
+    assert harness.main(["--quick", "--only", "certificate"]) == 0
+    assert (repo / "BENCHMARKS.md").read_text() == "# Benchmarks\n\ncommitted\n"
+    assert not (bench / "figures").exists()
+    err = capsys.readouterr().err
+    written = err.split("--quick without --out: writing to ")[1].split()[0]
+    assert Path(written).parent == tmp_path
+    assert "## bench_certificate" in (Path(written) / "BENCHMARKS.md").read_text()

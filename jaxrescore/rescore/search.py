@@ -44,7 +44,7 @@ it in practice. The answer is then proven, or returned with the reason it is not
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 

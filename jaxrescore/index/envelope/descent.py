@@ -4,7 +4,8 @@ to its children (host numpy, one prefix at a time, vectorised over its buckets a
 A prefix's *demand* ``float64[M]`` says how many ranks of each sequence bucket ``B`` it was given; it
 is a function of the prefix alone, so every rank that passes a prefix sees the same split and
 distinct ranks stay distinct. ``Split`` splits a demand among children, ``LeafSplit`` matches it to
-leaves, ``_Below`` holds the exact completions of children one step from the leaves (lookahead).
+leaves, ``SubtreeSplit`` to the exact completions of children one step from the leaves (lookahead).
+``ix`` is always the AREnvelopeIndex being descended (not imported: it imports this module).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _cost(row: np.ndarray) -> np.ndarray:
     return neg.view(np.uint32).astype(np.int64)
 
 
-def children_of(ix: "AREnvelopeIndex", d: int, row: np.ndarray):
+def children_of(ix, d: int, row: np.ndarray):
     """The children of a depth-``d`` prefix with next-token row ``row: float32[V]``: tokens int64[n]
     likeliest first (ties by token id, SeekIndex's order), clipped log-probs float64[n], leaf bool[n]."""
     last = d == ix.max_len - 1
@@ -56,7 +57,7 @@ class Split:
     Everything is computed only on the buckets that hold ranks or estimated completions.
     """
 
-    def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int, extra=()):
+    def __init__(self, ix, d: int, row: np.ndarray, demand: np.ndarray, fb: int, extra=()):
         M = ix._M
         self.tok, self.steps, self.leaf = children_of(ix, d, row)
         self.n, self.size = self.tok.size, M
@@ -288,7 +289,7 @@ class SubtreeSplit(_Matched):
     float32[n, V]``, in child order), so the prefix's ranks are matched to its real completions --
     its leaf children and its children's leaves -- by bucket, depth-first order on ties."""
 
-    def __init__(self, ix: "AREnvelopeIndex", d: int, row: np.ndarray, demand: np.ndarray, fb: int,
+    def __init__(self, ix, d: int, row: np.ndarray, demand: np.ndarray, fb: int,
                  below: np.ndarray):
         self.tok, self.steps, self.leaf = children_of(ix, d, row)
         self.n, self.size = self.tok.size, ix._M
