@@ -61,6 +61,22 @@ print(json.dumps(dict(load=load, first=first, before=before, loaded=loaded, afte
                       params=model.n_params, top=model.tokenizer.decode([int(row.argmax())]))))
 """
 
+MEMORY = r"""
+import json, resource
+import jax, numpy as np
+def rss():  # MiB now
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from jaxrescore import from_pretrained
+jax.numpy.zeros(1).block_until_ready()  # the runtime's own memory is not the model's
+before = rss()
+model = from_pretrained({path!r})
+weights = sum(x.nbytes for x in jax.tree.leaves(model.params)) / 2**20
+print(json.dumps(dict(weights=weights, after=rss() - before, peak=peak() - before)))
+"""
+
 HEADER = r"""
 import json, time
 t = time.perf_counter()
@@ -88,6 +104,21 @@ def measure_load(path: str, repeats: int) -> tuple[list[dict], list[dict]]:
         if "error" in r:
             raise RuntimeError(r["error"])
     return loads, headers
+
+
+def measure_folder_memory(quick: bool) -> dict:
+    """RSS of ``from_pretrained`` on a GPT-2-small-shaped safetensors folder (random weights, as
+    benchmarks/bench_long_context.py writes them; its quick shape in --quick), in a fresh
+    process: the weights' MiB, the RSS it adds once it returns and at its peak."""
+    from bench_long_context import FULL, QUICK, gpt2_tensors, write_gpt2
+
+    shape = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_gpt2(os.path.join(tmp, "gpt2"), shape, gpt2_tensors(shape, seed=0))
+        out = run_child(MEMORY.format(path=path), timeout=600)
+    if "error" in out:
+        raise RuntimeError(out["error"])
+    return out
 
 
 def compare_reference(path: str, python: str) -> tuple[list[list], dict]:
@@ -152,6 +183,16 @@ def run(quick: bool = False, out_dir: str | None = None, reference_python: str |
         ]),
         "",
         f"The two readers return the same vocabulary and tensors: {all(h['same'] for h in headers)}.",
+    ]
+    mem = measure_folder_memory(quick)
+    lines += [
+        "",
+        f"Memory of `from_pretrained` on a GPT-2-{'small' if not quick else 'tiny'}-shaped safetensors folder "
+        f"({mem['weights']:.0f} MiB of float32 weights, random values), in a fresh process: the process's "
+        f"RSS grows by {mem['after']:.0f} MiB ({mem['after'] / mem['weights']:.2f}x the weights) once it "
+        f"returns, by {mem['peak']:.0f} MiB ({mem['peak'] / mem['weights']:.2f}x) at its peak (tensors are "
+        "read one at a time, each file mapping closed after its read; layers are stacked into arrays "
+        "allocated once; each array goes to the device as the host copy is dropped).",
     ]
     if quick or not reference_python:
         why = "a --quick run" if quick else f"no `--reference-python` / `${ENV}`"

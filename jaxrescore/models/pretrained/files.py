@@ -83,21 +83,28 @@ def weight_files(path: str) -> list[str]:
 class LazyTensors(Mapping):
     """The tensors of the folder's safetensors files by checkpoint key, each read from its file
     when asked for (a numpy array), so loading holds one layer's worth of extra copies, not a
-    second whole model."""
+    second whole model.
+
+    Each read opens its file and closes it again: safetensors maps the file into memory, and
+    every page a read touches stays resident (counted in the process's RSS) while a mapping is
+    open, so handles held for the whole load made its peak the weights plus the whole file."""
 
     def __init__(self, files: list[str]):
-        numpy_api = _need("safetensors")
-        self._handles = [numpy_api.safe_open(name, framework="np") for name in files]
+        self._api = _need("safetensors")
+        self._files = files
         self._where: dict[str, int] = {}
-        for i, handle in enumerate(self._handles):
-            for key in handle.keys():
+        for i, name in enumerate(files):
+            with self._api.safe_open(name, framework="np") as handle:
+                keys = list(handle.keys())
+            for key in keys:
                 if key in self._where:
                     first = files[self._where[key]]
                     raise ValueError(f"tensor {key!r} appears in two weight files: {first}, {files[i]}")
                 self._where[key] = i
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self._handles[self._where[key]].get_tensor(key)
+        with self._api.safe_open(self._files[self._where[key]], framework="np") as handle:
+            return handle.get_tensor(key)
 
     def __iter__(self):
         return iter(self._where)
@@ -144,6 +151,23 @@ class TensorTable:
             )
         self._used.add(key)
         return value
+
+    def stack(self, keys: list[str], shape: tuple[int, ...], dtype, *, transpose: bool = False,
+              columns: slice | None = None) -> np.ndarray:
+        """``dtype[L, ...]``: the tensors ``keys`` (each of ``shape``, checked), transposed and
+        cut to ``columns`` of the last axis when asked, on a new leading axis. The result is
+        allocated once and filled one tensor at a time, so no list of L parts (a second copy of
+        the weights) lives beside it."""
+        out = None
+        for i, key in enumerate(keys):
+            part = self.get(key, shape)
+            part = part.T if transpose else part
+            part = part if columns is None else part[..., columns]
+            if out is None:
+                out = np.empty((len(keys),) + part.shape, dtype)
+            out[i] = part
+            del part
+        return out
 
     def output_head(self, vocab_size: int, d_model: int, tied: bool) -> np.ndarray | None:
         """The separate output head ``float[d, V]`` (``lm_head.weight`` transposed), or None for

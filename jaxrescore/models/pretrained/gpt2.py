@@ -54,16 +54,16 @@ def params_of(spec: DecoderSpec, tensors: Mapping[str, np.ndarray], dtype) -> di
     d, f = spec.d_model, spec.d_ff
     cast = lambda x: as_dtype(x, dtype)  # noqa: E731
 
-    def stack(name, shape):
-        return cast(np.stack([table.get(f"h.{i}.{name}", shape) for i in range(spec.n_layers)]))
+    def stack(name, shape, columns=None):
+        keys = [f"h.{i}.{name}" for i in range(spec.n_layers)]
+        return table.stack(keys, shape, dtype, columns=columns)
 
-    qkv = stack("attn.c_attn.weight", (d, 3 * d))
-    qkv_b = stack("attn.c_attn.bias", (3 * d,))
+    # c_attn holds queries, then keys, then values: each read into its own array (slices of
+    # one stacked array would keep the whole of it alive, or copy it once more)
+    thirds = {"q": slice(0, d), "k": slice(d, 2 * d), "v": slice(2 * d, 3 * d)}
     layers = {
         "norm1_scale": stack("ln_1.weight", (d,)),
         "norm1_bias": stack("ln_1.bias", (d,)),
-        "q": qkv[:, :, :d], "k": qkv[:, :, d : 2 * d], "v": qkv[:, :, 2 * d :],
-        "q_b": qkv_b[:, :d], "k_b": qkv_b[:, d : 2 * d], "v_b": qkv_b[:, 2 * d :],
         "o": stack("attn.c_proj.weight", (d, d)),
         "o_b": stack("attn.c_proj.bias", (d,)),
         "norm2_scale": stack("ln_2.weight", (d,)),
@@ -73,7 +73,9 @@ def params_of(spec: DecoderSpec, tensors: Mapping[str, np.ndarray], dtype) -> di
         "down": stack("mlp.c_proj.weight", (f, d)),
         "down_b": stack("mlp.c_proj.bias", (d,)),
     }
-    layers = {k: np.ascontiguousarray(v) for k, v in layers.items()}
+    for name, cols in thirds.items():
+        layers[name] = stack("attn.c_attn.weight", (d, 3 * d), cols)
+        layers[f"{name}_b"] = stack("attn.c_attn.bias", (3 * d,), cols)
     params = {
         "embed": cast(table.get("wte.weight", (spec.vocab_size, d))),
         "pos": cast(table.get("wpe.weight", (spec.max_positions, d))),

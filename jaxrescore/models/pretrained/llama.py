@@ -63,8 +63,7 @@ def params_of(spec: DecoderSpec, tensors: Mapping[str, np.ndarray], dtype) -> di
     cast = lambda x: as_dtype(x, dtype)  # noqa: E731
 
     def stack(name, shape, transpose=True):
-        parts = [table.get(f"layers.{i}.{name}", shape) for i in range(n)]
-        return cast(np.stack([p.T if transpose else p for p in parts]))
+        return table.stack([f"layers.{i}.{name}" for i in range(n)], shape, dtype, transpose=transpose)
 
     linears = {
         "q": ("self_attn.q_proj", q_out, d), "k": ("self_attn.k_proj", kv_out, d),

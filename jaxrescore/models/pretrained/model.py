@@ -260,6 +260,18 @@ def from_pretrained(
     return _load(path, config, lambda: read_tensors(path), tokenizer, lambda: read_tokenizer(path), config, **options)
 
 
+def _to_device(params: dict) -> None:
+    """Move a nested dict of host arrays to the default device IN PLACE, one leaf at a time: each
+    host array is dropped as soon as its device copy exists, so loading peaks at the weights plus
+    one array, not two whole copies (``jax.device_put`` of the whole tree would hold both)."""
+    for key, value in params.items():
+        if isinstance(value, dict):
+            _to_device(value)
+        else:
+            params[key] = jax.device_put(value).block_until_ready()
+            del value
+
+
 def _load(
     path, config, tensors, tokenizer, own_tokenizer, shown, *, dtype, mesh, shard_params, max_len, eos, bos_id
 ) -> PretrainedLM:
@@ -300,7 +312,7 @@ def _load(
         tok = tokenizer
     params = family.params_of(spec, tensors(), jnp.dtype(spec.dtype))
     if mesh is None:
-        params = jax.device_put(params)
+        _to_device(params)
     model = PretrainedLM(
         spec, params, eos=eos, bos_id=bos_id, max_len=max_len, mesh=mesh, config=shown, directory=path
     )
