@@ -10,6 +10,9 @@ values (argparse here only turns text into numbers). Conventions:
 - bad arguments, unreadable or invalid model/corpus files and bad output paths get ONE line on
   stderr and exit status 2; a library error while running gets one line and status 1
   (``JAXRESCORE_TRACEBACK=1`` shows the traceback instead);
+- Ctrl-C prints one line and exits with status 130, SIGTERM with 143 (128 + the signal, as a
+  shell reports it), no traceback; a file being written is removed, not left half-done;
+- ``--k`` above ``MAX_K`` is refused before any work (see :data:`jaxrescore.demo.defaults.MAX_K`);
 - on a terminal, stderr shows what each long stage is doing (and the draft index's progress
   bar); the answer table is printed as soon as it is proven, the comparisons after it;
 - output fits 100 columns; log-probs are natural logs, in nats.
@@ -17,16 +20,21 @@ values (argparse here only turns text into numbers). Conventions:
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from jaxrescore._version import package_version
 from jaxrescore.demo.defaults import (
     DEFAULT_CORPUS_ORDER,
     DEFAULT_K,
+    MAX_K,
     TRAIN_BATCH,
     TRAIN_MIN_STEPS,
     TRAIN_SEED,
@@ -35,6 +43,9 @@ from jaxrescore.demo.defaults import (
 
 USAGE_ERROR = 2
 RUN_ERROR = 1
+INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports it
+TERMINATED = 128 + signal.SIGTERM  # 143
+REDELIVER_S = 0.1  # a swallowed interrupt is delivered again this much later (see _redeliver)
 NO_CACHE_ENV = "JAXRESCORE_COMPILE_CACHE"
 
 
@@ -58,8 +69,22 @@ def _token_list(text: str) -> tuple[int, ...]:
         ) from None
 
 
+def _k(text: str) -> int:
+    """An argparse type: ``--k``, an integer from 1 to MAX_K (refused before minutes of work)."""
+    try:
+        k = int(text)
+    except ValueError:
+        k = None
+    if k is None or not 1 <= k <= MAX_K:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from 1 to {MAX_K} (each sequence is a printed row and costs target "
+            f"forwards; for more, use jaxrescore.RescoredIndex), got {text!r}"
+        )
+    return k
+
+
 def _add_query_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"how many sequences (default {DEFAULT_K})")
+    p.add_argument("--k", type=_k, default=DEFAULT_K, help=f"how many sequences, 1 to {MAX_K} (default {DEFAULT_K})")
     p.add_argument(
         "--window",
         type=int,
@@ -73,7 +98,8 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
 
 EPILOG = (
     "Log-probs are natural logs, in nats. Without a command: lists the commands, exit status 2. "
-    "Exit status 2: bad arguments or files; 1: an error while running. Run 'jaxrescore COMMAND "
+    "Exit status 2: bad arguments or files; 1: an error while running; 130: interrupted (Ctrl-C); "
+    "143: terminated (SIGTERM). Run 'jaxrescore COMMAND "
     "--help' for a command's options. Compiled programs are cached in "
     "$XDG_CACHE_HOME/jaxrescore/jax (~/.cache/jaxrescore/jax), so a second run starts faster; "
     f"{NO_CACHE_ENV}=0 turns the cache off, JAX_COMPILATION_CACHE_DIR=DIR puts it elsewhere."
@@ -269,23 +295,70 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return USAGE_ERROR
-    from jaxrescore.demo.args import DemoArgumentError
-
-    enable_compilation_cache()
     # Stage messages and bars only where someone watches them: not into a pipe or a log file.
     status = Status(sys.stderr.isatty())
+    # SIGTERM unwinds like Ctrl-C (a save under way removes its temporary file); signal handlers
+    # can only be set from the main thread (a caller running main() in another keeps the default)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    hook, sys.unraisablehook = sys.unraisablehook, _redeliver(sys.unraisablehook)
     try:
-        return _run(args, status)
-    except (DemoArgumentError, FileNotFoundError, IsADirectoryError) as err:
+        from jaxrescore.demo.args import DemoArgumentError
+
+        enable_compilation_cache()
+        try:
+            return _run(args, status)
+        except (DemoArgumentError, FileNotFoundError, IsADirectoryError) as err:
+            status.clear()
+            print(f"jaxrescore {args.command}: error: {_one_line(err)}", file=sys.stderr)
+            return USAGE_ERROR
+        except (ValueError, TypeError, OSError) as err:
+            status.clear()
+            if os.environ.get("JAXRESCORE_TRACEBACK"):
+                raise
+            print(f"jaxrescore {args.command}: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+            return RUN_ERROR
+    except (KeyboardInterrupt, _Terminated) as err:
         status.clear()
-        print(f"jaxrescore {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return USAGE_ERROR
-    except (ValueError, TypeError, OSError) as err:
-        status.clear()
-        if os.environ.get("JAXRESCORE_TRACEBACK"):
-            raise
-        print(f"jaxrescore {args.command}: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
-        return RUN_ERROR
+        what = "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated"
+        print(f"jaxrescore {args.command}: {what}", file=sys.stderr)
+        return INTERRUPTED if isinstance(err, KeyboardInterrupt) else TERMINATED
+    finally:
+        sys.unraisablehook = hook
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so ``finally`` blocks and cleanups run."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+def _redeliver(hook):
+    """An unraisable-exception hook: Python swallows (and prints as "Exception ignored") an
+    exception raised inside a garbage-collection callback or a finalizer, and jax runs one on
+    every collection, so a Ctrl-C landing there would neither stop the command nor stay quiet.
+    Such an interrupt is delivered again a moment later, to land elsewhere (from a thread that
+    this hook does not wait for: a wait here could itself be interrupted); anything else goes
+    to ``hook``."""
+
+    def handle(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _thread.start_new_thread(_interrupt_later, (signal.SIGINT,))
+        elif isinstance(unraisable.exc_value, _Terminated):
+            _thread.start_new_thread(_interrupt_later, (signal.SIGTERM,))
+        else:
+            hook(unraisable)
+
+    return handle
+
+
+def _interrupt_later(signum: int) -> None:
+    time.sleep(REDELIVER_S)
+    _thread.interrupt_main(signum)
 
 
 def _one_line(err: BaseException) -> str:

@@ -406,3 +406,55 @@ def test_sequence_batch_input_unchanged():
     lens = np.array([3])
     batch = as_sequence_batch(SequenceBatch(toks, lens))
     assert batch.tokens.dtype == np.int32 and toks.dtype == np.int64  # the caller's arrays untouched
+
+
+# ---- issue 36 item 6: files follow the umask and say what they are ---------------------------
+
+
+def test_saved_files_follow_the_umask(tmp_path):
+    """A model, a SeekIndex and an AREnvelopeIndex file get ``0o666`` less the umask, like any
+    new file (they were 0o600, the mode of mkstemp's temporary file), and no temporary is left."""
+    from jaxrescore import AREnvelopeIndex
+
+    model = ngram()
+    old = os.umask(0o027)
+    try:
+        save_model(model, tmp_path / "m.npz")
+        SeekIndex(model, progress=False).save(tmp_path / "s.npz")
+        AREnvelopeIndex(model, progress=False).save(tmp_path / "e.npz")
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()}
+    assert modes == {"m.npz": "0o640", "s.npz": "0o640", "e.npz": "0o640"}, modes
+
+
+def test_a_file_of_another_kind_is_named_as_such(tmp_path):
+    """Each loader names a library file of another kind and what loads it, instead of calling it
+    corrupted (``SeekIndex.load`` on a saved model said "corrupted or truncated")."""
+    from jaxrescore import AREnvelopeIndex
+    from jaxrescore.files import KINDS
+    from jaxrescore.index.envelope import io as envelope_io
+    from jaxrescore.index.seek import io as seek_io
+    from jaxrescore.models import checkpoint
+
+    assert set(KINDS) == {checkpoint.FORMAT, seek_io.FORMAT, envelope_io.FORMAT}
+    model = ngram()
+    save_model(model, tmp_path / "m.npz")
+    SeekIndex(model, progress=False).save(tmp_path / "s.npz")
+    AREnvelopeIndex(model, progress=False).save(tmp_path / "e.npz")
+    cases = [
+        (lambda: SeekIndex.load(tmp_path / "m.npz", model),
+         "m.npz is a saved model, not a SeekIndex file: load it with jaxrescore.load_model"),
+        (lambda: AREnvelopeIndex.load(tmp_path / "m.npz", model),
+         "m.npz is a saved model, not an AREnvelopeIndex file: load it with jaxrescore.load_model"),
+        (lambda: SeekIndex.load(tmp_path / "e.npz", model),
+         "e.npz is an AREnvelopeIndex file, not a SeekIndex file: load it with AREnvelopeIndex.load"),
+        (lambda: AREnvelopeIndex.load(tmp_path / "s.npz", model),
+         "s.npz is a SeekIndex file, not an AREnvelopeIndex file: load it with SeekIndex.load"),
+        (lambda: load_model(tmp_path / "s.npz"),
+         "s.npz is a SeekIndex file, not a saved model: load it with SeekIndex.load"),
+    ]
+    for load, words in cases:
+        with pytest.raises(ValueError) as err:
+            load()
+        assert words in str(err.value) and "corrupt" not in str(err.value), str(err.value)

@@ -102,7 +102,9 @@ def test_demo_prefix(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["demo", "--k", "0"], "k must be an integer >= 1"),
+        (["demo", "--k", "0"], "argument --k: expected an integer from 1 to 10000"),
+        (["demo", "--k", "1000000000"], "argument --k: expected an integer from 1 to 10000"),
+        (["enumerate", "--target", "x", "--draft", "y", "--k", "10001"], "argument --k: expected an integer from 1 to 10000"),
         (["demo", "--window", "-3"], "integer >= 0"),
         (["demo", "--gap", "-1"], "finite number >= 0"),
         (["demo", "--gap", "nan"], "finite number >= 0"),
@@ -495,3 +497,79 @@ def test_train_refuses_an_unwritable_place_before_training(capsys, tmp_path):
     blocker.write_text("x")
     assert main(["train", "--out", str(blocker / "sub" / "t.npz")]) == 2  # parent is a file
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_an_absurd_k_is_refused_before_any_work():
+    """Issue 36 item 6: ``k=10**9`` ran until the index hit its 2 GiB limit; the demo's library
+    entry points refuse it at once, naming k and the accepted range (the CLI: see above)."""
+    from jaxrescore.demo.args import DemoArgumentError
+    from jaxrescore.demo.defaults import MAX_K
+    from jaxrescore.demo.names import run_demo
+
+    with pytest.raises(DemoArgumentError, match=r"k must be an integer in \[1, 10001\), got 1000000000"):
+        run_demo(k=10**9, progress=False)
+    assert MAX_K == 10_000
+
+
+# Runs ``jaxrescore train`` whose save blocks midway (the bytes half-written), so a signal can
+# arrive while the temporary file exists.
+BLOCKED_SAVE = """
+import sys, time
+import numpy as np
+from jaxrescore import cli, files
+from jaxrescore.demo import train
+
+def blocked_savez(f, **arrays):
+    f.write(b"half a file")
+    print("writing", flush=True)
+    time.sleep(120)
+
+def fake_train(out, **kwargs):
+    files.write_npz_atomic(str(out), {"w": np.zeros(3)}, prefix=".jaxrescore-model-")
+    return out
+
+files.np = type("np", (), {"savez": staticmethod(blocked_savez)})
+train.train_demo_target = fake_train
+sys.exit(cli.main(["train", "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("sig, status, word", [(2, 130, "interrupted"), (15, 143, "terminated")])
+def test_a_signal_during_a_save_prints_one_line_and_leaves_no_temporary_file(tmp_path, sig, status, word):
+    """Issue 36 item 6: Ctrl-C printed a traceback, and a killed save left a hidden ``.tmp``
+    beside the destination. Now one line, exit 128 + the signal, and the folder as it was."""
+    import signal as signals
+
+    out = tmp_path / "w.npz"
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_SAVE, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL))
+    try:
+        assert proc.stdout.readline() == "writing\n"
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # mid-save
+        proc.send_signal(signals.Signals(sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, err
+    assert err == f"jaxrescore train: {word}\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_the_demo_runs_prints_one_line():
+    """Issue 36 item 6, the real command (imports and work under way): exit 130, no traceback."""
+    import signal as signals
+    import time
+
+    # SIGINT as a terminal delivers it (a runner that ignores it would pass that on to the child)
+    proc = subprocess.Popen([sys.executable, "-m", "jaxrescore", "demo", "--k", "5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "JAXRESCORE_COMPILE_CACHE": "0"},
+                            preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL))
+    try:
+        time.sleep(3)  # jax imported, the index or the search under way
+        proc.send_signal(signals.SIGINT)
+        out, err = proc.communicate(timeout=120)  # a compile under way finishes first
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err == "jaxrescore demo: interrupted\n" and "Traceback" not in err, err

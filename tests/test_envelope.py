@@ -300,7 +300,7 @@ def test_damaged_or_foreign_files_are_refused(tmp_path, monkeypatch):
     monkeypatch.undo()
     seek_path = tmp_path / "seek.npz"
     SeekIndex(model, initial_bits=4.0, progress=False).save(seek_path)
-    with pytest.raises(ValueError, match="seek.npz is not an AREnvelopeIndex file"):
+    with pytest.raises(ValueError, match="seek.npz is a SeekIndex file, not an AREnvelopeIndex file: load it with SeekIndex.load"):
         AREnvelopeIndex.load(seek_path, model)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from jaxrescore._checks import check_bool, check_float, check_int
 from jaxrescore.data.names import MAX_NAME_LEN, encode
+from jaxrescore.demo.defaults import MAX_K
 from jaxrescore.models import load_model
 from jaxrescore.models.checkpoint import is_archive
 
@@ -28,10 +29,10 @@ def worded(check: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 def check_query(k: Any, window: Any, gap: Any) -> tuple[int, int | None, float | None]:
-    """``k`` (an integer >= 1), ``window`` (None or an integer >= 0) and ``gap`` (None or a finite
-    number of nats >= 0) of a demo query."""
+    """``k`` (an integer from 1 to ``MAX_K``), ``window`` (None or an integer >= 0) and ``gap``
+    (None or a finite number of nats >= 0) of a demo query."""
     return (
-        worded(check_int, k, "k", minimum=1),
+        worded(check_int, k, "k", minimum=1, maximum=MAX_K + 1),
         worded(check_int, window, "window", minimum=0, allow_none=True),
         worded(check_float, gap, "gap", minimum=0.0, allow_none=True, unit="nats"),
     )

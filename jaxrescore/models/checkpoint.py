@@ -59,7 +59,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.files import checksum as _checksum
-from jaxrescore.files import write_npz_atomic
+from jaxrescore.files import not_this_kind, write_npz_atomic
 from jaxrescore.models.adapters import fixed_state, with_fixed_state
 from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
@@ -243,7 +243,9 @@ def _read(path: str) -> tuple[dict, dict]:
     try:
         with archive as data:
             if META not in data.files:
-                raise ModelFileError(f"{path!r} is not a jaxrescore model file (no {META} entry)")
+                raise ModelFileError(
+                    not_this_kind(path, FORMAT) or f"{path!r} is not a jaxrescore model file (no {META} entry)"
+                )
             arrays = {k: data[k] for k in data.files}
     except ModelFileError:
         raise

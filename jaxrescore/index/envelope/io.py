@@ -18,7 +18,7 @@ import zipfile
 import numpy as np
 
 from jaxrescore.files import checksum as _checksum
-from jaxrescore.files import write_npz_atomic
+from jaxrescore.files import not_this_kind, write_npz_atomic
 from jaxrescore.quantize import Quantizer
 
 FORMAT = "jaxrescore.AREnvelopeIndex"
@@ -63,10 +63,12 @@ def load_envelope(cls, path, model, *, progress=None, chunk_rows=4096):
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop("header").tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not a readable AREnvelopeIndex file (corrupted or truncated): {e}") from None
+        raise ValueError(
+            not_this_kind(path, FORMAT) or f"{path} is not a readable AREnvelopeIndex file (corrupted or truncated): {e}"
+        ) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else None
-        raise ValueError(f"{path} is not an AREnvelopeIndex file (format {got!r})")
+        raise ValueError(not_this_kind(path, FORMAT) or f"{path} is not an AREnvelopeIndex file (format {got!r})")
     if header.get("version") != VERSION:
         raise ValueError(f"{path} has AREnvelopeIndex format version {header.get('version')!r}; this reads {VERSION}")
     if header.pop("checksum", None) != _checksum(header, arrays):

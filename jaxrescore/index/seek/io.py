@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxrescore._checks import check_int
 from jaxrescore.files import checksum as _checksum
-from jaxrescore.files import write_npz_atomic
+from jaxrescore.files import not_this_kind, write_npz_atomic
 from jaxrescore.index.seek.build import frontier_from_rows
 from jaxrescore.index.seek.counts import as_upper
 from jaxrescore.index.seek.limits import IndexLimitError
@@ -132,9 +132,12 @@ def _read(path: str, max_bytes: int | None = None) -> tuple[dict, dict]:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         if isinstance(e, IndexLimitError):
             raise
-        raise ValueError(f"{path} is not a readable SeekIndex file (corrupted or truncated): {e}") from None
+        raise ValueError(
+            not_this_kind(path, FORMAT) or f"{path} is not a readable SeekIndex file (corrupted or truncated): {e}"
+        ) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a SeekIndex file (format {header.get('format')!r})")
+        got = header.get("format") if isinstance(header, dict) else None
+        raise ValueError(not_this_kind(path, FORMAT) or f"{path} is not a SeekIndex file (format {got!r})")
     reads = (PREVIOUS, WHOLE_ROWS, VERSION)
     if header.get("version") not in reads:
         raise ValueError(
