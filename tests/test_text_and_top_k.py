@@ -98,6 +98,21 @@ def test_results_print_short_lines_a_table_html_and_json():
     assert [tuple(s) for s, _ in back["items"]] == [s for s, _ in r.items]
     everything = RescoredIndex(SeekIndex(draft), target).top_k(10_000, prove=True)
     assert json.loads(everything.to_json())["frontier_bound"] == "-inf"
+
+
+def test_printed_tables_number_ranks_from_one_and_the_fields_from_zero():
+    """Issue 36 item 7: ``print(result)`` numbered ranks from 0 while the demo and the command
+    start at 1. Every printed table (text and HTML) counts both ranks from 1; ``draft_ranks``
+    and the JSON keep the index's 0-based ranks."""
+    target, draft = word_models()
+    r = RescoredIndex(SeekIndex(draft), target, rerank_window=8).top_k(3)
+    assert all(rank is not None for rank in r.draft_ranks)
+    rows = str(r).splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["1", "2", "3"]
+    assert [row.split()[3] for row in rows] == [str(rank + 1) for rank in r.draft_ranks]
+    html = r._repr_html_()
+    assert "<tr><td>1</td>" in html and "<tr><td>0</td>" not in html
+    assert json.loads(r.to_json())["draft_ranks"] == list(r.draft_ranks)
     assert len(repr(RescoredIndex(SeekIndex(draft), target))) < 200
 
 

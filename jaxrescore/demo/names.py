@@ -62,7 +62,7 @@ def run_demo(
 
     Returns:
       A JSON-ready dict: ``items`` (``text``, ``target_log_prob``, ``draft_log_prob``,
-      ``birth_rank``: rank by birth count, None for a string that is not a shipped name),
+      ``birth_rank``: rank by birth count from 1 (the commonest), None for a string that is not a shipped name),
       ``true_top_k_overlap`` (how many items are among the ``k`` commonest names with the prefix),
       the proof (``proven``, ``frontier_bound``, ``proof_reason``, ``rounds``, ``window``,
       ``target_calls``, ``target_sequences``), ``exact_best_first`` (``forwards``, ``calls``,

@@ -34,8 +34,9 @@ class RescoreResult:
         relies on); -inf before any finite pair.
       draft_log_probs: the draft's log-prob of each item, aligned with ``items`` (NaN when the
         draft could not score a sequence the search found).
-      draft_ranks: the draft rank of each item, aligned with ``items`` (its position in the pulled
-        head), or None for an item the speculative search found outside the head.
+      draft_ranks: the draft rank of each item, aligned with ``items``: its 0-based position in
+        the pulled head (the draft index's rank, as ``unrank`` takes it), or None for an item the
+        speculative search found outside the head.
       proven: the assumption-free verdict. None when the target gives no next-token
         distributions (a bare scoring function); True when the worst returned target score
         clears the frontier bound plus the target's score tolerance, so the items are the
@@ -56,8 +57,9 @@ class RescoreResult:
         assumed_gap +`` the target's score tolerance: the certificate's decision, not a second
         one); None when no gap was supplied.
 
-    ``print(result)`` shows a table (:meth:`table`), a notebook an HTML one; :meth:`to_dict` and
-    :meth:`to_json` export everything.
+    ``print(result)`` shows a table (:meth:`table`), a notebook an HTML one, both numbering
+    ranks from 1 like the ``jaxrescore`` command; :meth:`to_dict` and :meth:`to_json` export
+    everything (``draft_ranks`` as stored: from 0).
     """
 
     items: list
@@ -92,7 +94,11 @@ class RescoreResult:
 
     def table(self, max_rows: int = 20) -> str:
         """The items as a text table (rank, target and draft log-probs, draft rank, sequence or
-        text) under one line of verdicts; at most ``max_rows`` rows (a last line counts the rest)."""
+        text) under one line of verdicts; at most ``max_rows`` rows (a last line counts the rest).
+
+        Both ranks count from 1, as every printed table of the library and the ``jaxrescore``
+        command does: ``rank`` is the item's place in this answer (for a ``slice(start, k)``, its
+        rank in the target's order is ``start + rank``), ``draft_rank`` is ``draft_ranks[i] + 1``."""
         rows = self._rows(max_rows)
         head = ("rank", "log_prob", "draft_lp", "draft_rank", "text" if self.texts is not None else "sequence")
         cells = [head] + [tuple(str(c) for c in r) for r in rows]
@@ -119,7 +125,8 @@ class RescoreResult:
             draft = self.draft_log_probs[i] if i < len(self.draft_log_probs) else math.nan
             rank = self.draft_ranks[i] if i < len(self.draft_ranks) else None
             shown = self.texts[i] if self.texts is not None else " ".join(map(str, seq))
-            out.append((i, f"{lp:.4f}", f"{draft:.4f}", "-" if rank is None else rank, shown))
+            # printed from 1 (see table); the fields keep the index's 0-based ranks
+            out.append((i + 1, f"{lp:.4f}", f"{draft:.4f}", "-" if rank is None else rank + 1, shown))
         return out
 
     def _verdicts(self) -> str:
