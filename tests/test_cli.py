@@ -556,6 +556,7 @@ def test_a_signal_during_a_save_prints_one_line_and_leaves_no_temporary_file(tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_demo_runs_prints_one_line():
     """Issue 36 item 6, the real command (imports and work under way): exit 130, no traceback."""
     import signal as signals
