@@ -102,9 +102,9 @@ def test_demo_prefix(capsys):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["demo", "--k", "0"], "argument --k: expected an integer from 1 to 10000"),
-        (["demo", "--k", "1000000000"], "argument --k: expected an integer from 1 to 10000"),
-        (["enumerate", "--target", "x", "--draft", "y", "--k", "10001"], "argument --k: expected an integer from 1 to 10000"),
+        (["demo", "--k", "0"], "argument --k: expected an integer from 1 to 1000"),
+        (["demo", "--k", "1000000000"], "argument --k: expected an integer from 1 to 1000"),
+        (["enumerate", "--target", "x", "--draft", "y", "--k", "1001"], "argument --k: expected an integer from 1 to 1000"),
         (["demo", "--window", "-3"], "integer >= 0"),
         (["demo", "--gap", "-1"], "finite number >= 0"),
         (["demo", "--gap", "nan"], "finite number >= 0"),
@@ -506,9 +506,9 @@ def test_an_absurd_k_is_refused_before_any_work():
     from jaxrescore.demo.defaults import MAX_K
     from jaxrescore.demo.names import run_demo
 
-    with pytest.raises(DemoArgumentError, match=r"k must be an integer in \[1, 10001\), got 1000000000"):
+    with pytest.raises(DemoArgumentError, match=r"k must be an integer in \[1, 1001\), got 1000000000"):
         run_demo(k=10**9, progress=False)
-    assert MAX_K == 10_000
+    assert MAX_K == 1000
 
 
 # Runs ``jaxrescore train`` whose save blocks midway (the bytes half-written), so a signal can
