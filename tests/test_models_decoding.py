@@ -285,9 +285,9 @@ def test_a_step_model_prefills_a_prompt_in_one_call(monkeypatch):
     lens = np.array([0, 1, 3, 5, 7, 7], np.int32)
     full = np.concatenate([np.tile(prompt, (6, 1)), pre], axis=1).astype(np.int32)
     np.testing.assert_allclose(pm.next_logprobs(pre, lens), m.next_logprobs(full, lens + 40), atol=ATOL)
-    # the prompt in one call, then one call per power of two of tokens the rows add (1, 3 -> 4,
-    # 5 and 7 -> 8), not a call per token
-    assert calls == [(1, 64), (32, 1), (32, 4), (32, 8)]
+    # the prompt in one call (41 positions in a context of 8 * 4**2), then one call per power of
+    # four of tokens the rows add (1, 3 -> 4, 5 and 7 -> 16), not a call per token
+    assert calls == [(1, 128), (32, 1), (32, 4), (32, 16)]
     s = decoding_session(pm)
     for d in range(1, 8):
         s.next_logprobs(pre[:, :d], np.full(6, d, np.int32))

@@ -29,11 +29,14 @@ ONE multi-token call per group of rows (the decoder returns logits at every fed 
 what it fed is held (a radix cache over the scored trie; a user's step model keys whole fed
 prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
 
-Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``); the held
-rows are the real ones padded to a power of two. The SHARED context (the prompt's keys and values) is one ``C``-position
-array, ``C`` a power of two, held once by the prompted model and never copied per row; a row
-cache of the library's networks (TransformerLM, its int8 twin, from_pretrained) covers the row's
-OWN positions only, ``S`` of them with ``S`` a power of two (>= 8) covering the longest row, so a
+Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``, and at least
+:data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths are powers of four; the held
+rows are the real ones padded to a power of two. The SHARED context (the prompt's keys and
+values) is one ``C``-position array, ``C`` = 8 times a power of four, held once by the prompted
+model and never copied per row; a row cache of the library's networks (TransformerLM, its int8
+twin, from_pretrained) covers the row's OWN positions only, ``S`` of them with ``S`` 8 times a
+power of four (capped at the power of two covering the model's ``max_len``) covering the
+longest row, so a
 row of a 1024-context GPT-2-small-shaped model holds ``2 * 12 layers * S * 768 * 4`` bytes
 (590 KB at ``S = 8``) whatever the prompt's length and thousands fit in the default budget.
 Prefill blocks are powers of two, so a level of any depth reuses one of a few compiled shapes.
@@ -73,6 +76,24 @@ from jaxrescore.typing import ArrayLike, PyTree, Sequences
 
 # Smallest power-of-two length of a row cache and of the context.
 MIN_CACHE_LEN = 8
+# Few shapes, few compiles: every distinct (rows, fed tokens, cache length, context length) of a
+# call is a program to compile, 1.5-4 s each for a 30-layer model on CPU, against a few
+# milliseconds per extra position computed. Fed widths are powers of FOUR (1, 4, 16, ...), row
+# caches and contexts grow by factors of four (8, 32, 128, ...) up to the longest row the model
+# allows, and one-token calls pad to at least ONE_TOKEN_ROWS rows (a call of one position per row
+# streams every weight whatever its row count: padding rows there cost almost nothing). On the
+# real SmolLM2-135M proof of BENCHMARKS.md ("A real pretrained LM") this took the distinct
+# decoding programs from 71 to ~20.
+WIDTH_GROWTH = 4
+ONE_TOKEN_ROWS = 8
+
+
+def coarse_size(n: int, minimum: int = 1) -> int:
+    """The smallest ``minimum * WIDTH_GROWTH**j`` >= ``n`` (``minimum`` a power of two)."""
+    size = max(int(minimum), 1)
+    while size < n:
+        size *= WIDTH_GROWTH
+    return size
 # The environment variable that sets the default cache budget (bytes), for callers that build
 # their sessions themselves (a rescoring search, a prompted model's greedy completion).
 CACHE_BYTES_ENV = "JAXRESCORE_DECODE_CACHE_BYTES"
@@ -224,7 +245,7 @@ def _context(model, base, prompt) -> Context:
     dec = model_decoder(model)
     toks = np.asarray((base.bos_id,) + prompt, np.int32)
     n = toks.size
-    c = bucket_size(n, MIN_CACHE_LEN)
+    c = coarse_size(n, MIN_CACHE_LEN)
     block = np.zeros((1, c), np.int32)
     block[0, :n] = toks
     rows, cache = _decode(
@@ -361,7 +382,7 @@ class DecodingSession:
         groups: dict = collections.defaultdict(list)
         for r, i in enumerate(reps.tolist()):
             slab, row, start = self._ancestor(toks[i], int(need[r]), held)
-            groups[slab, bucket_size(int(lens[i]) - 1 - start, 1)].append((i, row, start))
+            groups[slab, coarse_size(int(lens[i]) - 1 - start)].append((i, row, start))
         extra_at: list = []  # per call: derived row -> index of its last step among the extras
 
         def extra(part, starts, b, w):
@@ -412,7 +433,7 @@ class DecodingSession:
                 slab, row, start = at[0], at[1], int(lens[i]) - 1
             else:
                 slab, row, start = self._ancestor(toks[i], int(lens[i]) - 2, held)
-            groups[slab, bucket_size(int(lens[i]) - start, 1)].append((i, row, start))
+            groups[slab, coarse_size(int(lens[i]) - start)].append((i, row, start))
         pending = [self._extend(slab, members, toks, lens, ctx, params) for (slab, _), members in groups.items()]
         for calls in pending:
             for idx, _, rows in calls:
@@ -445,14 +466,14 @@ class DecodingSession:
         cache_in, s_in = (None, 0) if slab is None else self._slabs[slab][:2]
         idx = np.asarray([i for i, _, _ in members])
         starts = np.asarray([s for _, _, s in members], np.int32)
-        w = bucket_size(int((ends[idx] - starts).max()), 1)
+        w = coarse_size(int((ends[idx] - starts).max()))
         per = self._base._chunk(w)
         put = self._base._put
         out = []
         for lo in range(0, idx.size, per):
             part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
             fed = (ends[part] - part_start).astype(np.int32)
-            b = self._base._rows_bucket(m)
+            b = max(self._base._rows_bucket(m), ONE_TOKEN_ROWS if w == 1 else 1)
             block = np.zeros((b, w), np.int32)
             cols = part_start[:, None] + np.arange(w)[None, :]
             real = cols < ends[part][:, None]
@@ -463,7 +484,7 @@ class DecodingSession:
             last[:m] = fed - 1 if reduce is None else np.minimum(np.arange(w)[None, :], fed[:, None] - 1)
             # every written position (padding ones too) must fit: a write past the end would be
             # moved back over real positions (dynamic_update_slice clamps its start)
-            s_out = max(s_in, bucket_size(int(part_start.max()) + w, MIN_CACHE_LEN))
+            s_out = max(s_in, self._cache_len(int(part_start.max()) + w))
             cache = None
             if slab is not None:
                 rows_in = np.zeros(b, np.int32)
@@ -480,6 +501,13 @@ class DecodingSession:
             self._hold(held, m, b, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
             out.append((part, part_start, rows))
         return out
+
+    def _cache_len(self, need: int) -> int:
+        """The row-cache length of a call writing up to position ``need``: a coarse size (see
+        :data:`WIDTH_GROWTH`), no longer than the power of two covering the longest row the
+        model allows (so short-answer searches use ONE length), never shorter than ``need``."""
+        longest = bucket_size(int(self.model.max_len), MIN_CACHE_LEN)
+        return max(bucket_size(need, MIN_CACHE_LEN), min(coarse_size(need, MIN_CACHE_LEN), longest))
 
     # -- the held caches --------------------------------------------------------------------------
 
