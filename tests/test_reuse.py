@@ -1,11 +1,16 @@
 """A scored set never recomputes a scored prefix (jaxrescore.rescore.reuse): what it assembles for
 new rows equals a full forward of them, and it computes exactly the new trie nodes' positions."""
 
+import dataclasses
+import itertools
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrescore import RescoredIndex, SeekIndex
 from jaxrescore.baselines.best_first import best_first_top_k
+from jaxrescore.models.decoding import Decoder, decoding_session
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
 from jaxrescore.rescore.reuse import KnownPrefixes
 from jaxrescore.rescore.scored import ScoredSet
@@ -118,3 +123,58 @@ def test_a_16_bit_target_proves_over_full_forwards():
     half = TransformerLM(TransformerConfig(dtype="bfloat16", **cfg), seed=5)
     assert scored_set(half)._session is None
     assert scored_set(tiny())._session is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Drifted:
+    """An incremental forward whose logits are ``bias`` off its network's: the cached path of a
+    model that drifts from its full forward (as TF32 matmuls or fused attention can)."""
+
+    fn: object
+    bias: tuple
+
+    def __call__(self, params, tokens, start, last, ctx, ctx_len, cache, s_out):
+        logits, cache = self.fn(params, tokens, start, last, ctx, ctx_len, cache, s_out)
+        return logits + jnp.asarray(self.bias, logits.dtype), cache
+
+
+class DriftingLM(TransformerLM):
+    """A TransformerLM whose cached (incremental) path drifts; its full forward is untouched."""
+
+    bias: tuple = ()
+
+    def decoder(self):
+        dec = super().decoder()
+        return Decoder(Drifted(dec.fn, self.bias), dec.empty_context, dec.prefix_reuse)
+
+
+def test_a_cached_path_that_drifts_from_the_full_forward_is_refused_not_proven_wrong(monkeypatch):
+    """Issue 36 item 3: token 2's cached logit is 0.00113 nats high, which moves a cached step by
+    up to 1.1x the 1e-3 tolerance. Trusting the cache alone (the library before the check,
+    ``unchecked`` patched away) proves an answer whose scores are off by more than the tolerance;
+    with the check the answer's full forward shows the drift, the proof is refused with its size
+    and the tolerance, and the returned scores are the full forward's."""
+    cfg = TransformerConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, max_len=5, eos=0)
+    target = DriftingLM(cfg, seed=2)
+    target.bias = (0.0, 0.0, 0.00113, 0.0, 0.0)
+    draft = TransformerLM(cfg, seed=102)
+    support = [body + (0,) for n in range(5) for body in itertools.product(range(1, 5), repeat=n)]
+    truth = dict(zip(support, np.asarray(target.score_sequences(support), np.float64)))  # full forwards
+    cached, _ = decoding_session(target).teacher_force(support, np.zeros(len(support), np.int64), 5)
+    step = np.abs(np.asarray(cached.steps) - np.asarray(target.score_frontier(support, top_m=5).steps)).max()
+    assert 1.0 < step / target.score_tolerance < 1.2
+
+    def query():
+        return RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=4, draft_model=draft).top_k(
+            5, prove=True)
+
+    r = query()
+    assert r.proven is False, r.proof_reason
+    assert "disagrees with its full forward by" in r.proof_reason and "score tolerance 0.001" in r.proof_reason
+    assert all(abs(lp - truth[tuple(s)]) <= 1e-5 for s, lp in r.items)
+    with monkeypatch.context() as m:  # no check: the proof rests on the cache alone
+        m.setattr(ScoredSet, "unchecked", lambda self, rank, n=None: np.zeros(0, np.int64))
+        wrong = query()
+    exact = sorted(truth.values(), reverse=True)[:5]
+    assert wrong.proven is True and [s for s, _ in wrong.items] == sorted(truth, key=truth.get, reverse=True)[:5]
+    assert max(abs(lp - t) for (_, lp), t in zip(wrong.items, exact)) > target.score_tolerance

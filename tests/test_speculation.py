@@ -153,7 +153,7 @@ def test_a_failed_round_fetches_nothing():
     s.add(t.support()[:2], np.zeros(2), np.full(2, -1))
     before = (dict(s.rows), s.calls, s.sequences, len(s))
 
-    def broken(seqs):
+    def broken(seqs, full=False):
         raise ValueError("the target failed")
 
     s.score = broken

@@ -604,7 +604,7 @@ def proof_session(model: Any, *, max_bytes: int | None = None) -> DecodingSessio
     ``score_tolerance`` is float32's or tighter. In a 16-bit compute dtype the cached path moves a
     row by up to ~0.09 nats a step (against 0.06 for a full forward; see
     :mod:`jaxrescore.models.scores`), too close to the 0.1-nat tolerance a proof is held to, so
-    such a model's proofs run full forwards (plain sessions still cache)."""
+    such a model's proofs run full forwards (no proof rests on cached rows alone: rescore.frontier)."""
     if score_tolerance(model) > FLOAT32_TOLERANCE:
         return None
     return decoding_session(model, max_bytes=max_bytes)

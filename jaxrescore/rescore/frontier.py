@@ -48,7 +48,21 @@ The assumptions, all of them, about the target (checked at query time by
 4. one prefix's numbers agree between forwards within the target's ``score_tolerance``: where
    the scored set holds the same prefix more than once (two scored sequences sharing it, two
    rounds, a fetched full row), the largest difference seen is :attr:`Frontier.moved`, and a
-   proof needs it within the tolerance (the search stops with the reason otherwise).
+   proof needs it within the tolerance (the search stops with the reason otherwise);
+5. for a target that decodes incrementally, the numbers read from its cached path (a
+   :class:`~jaxrescore.models.decoding.DecodingSession` over held key/value caches, see
+   :mod:`jaxrescore.rescore.reuse`) are within ``score_tolerance`` of its full forward
+   (``score_frontier`` of the row): every exit's value from the full forward is at most its
+   cached value plus the tolerance, and so is every scored sequence's score. The verdict compares
+   the worst returned score, which is ALWAYS its full forward's, with the best exit bound, read
+   from cached rows: ``worst_full >= bound_cached + tolerance >= bound_full`` is the proof.
+   Checked at query time where a full forward exists: before a verdict or a returned score rests
+   on them, the answer and every scored sequence within the tolerance below its worst score are
+   forwarded in full (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`; their scores become
+   the full forward's), and the largest disagreement with their cached numbers (node scores
+   along them, each position's largest named log-prob and eos log-prob) is
+   :attr:`~jaxrescore.rescore.scored.ScoredSet.drift`; a proof needs it within the tolerance.
+   Exits at nodes on no checked row are not forwarded again: their drift is assumed no larger.
 
 It is ONE fixed-shape algorithm over the padded scored set (:func:`frontier_values`), written
 over an array namespace: numpy on the host (a search's rounds: no compile, numpy's fast sort) and

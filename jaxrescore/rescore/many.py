@@ -7,13 +7,14 @@ from typing import Sequence
 import numpy as np
 
 from jaxrescore.models.scores import FrontierScores
+from jaxrescore.rescore.processes import agree, query_arguments
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, SearchBudget, make_mode, make_query
 from jaxrescore.rescore.rescored_index import RescoredIndex
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, frontier_scores
 from jaxrescore.rescore.reuse import pad_fresh, shift_left
 from jaxrescore.rescore.run import certificate_probe
-from jaxrescore.rescore.search import SearchState, first_width, grow_until_certified, next_round
+from jaxrescore.rescore.search import Round, SearchState, first_width, grow_until_certified, next_round
 from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
@@ -34,8 +35,12 @@ def _joint(indexes: Sequence[RescoredIndex]):
     return bases[0], [tuple(t.prompt) for t in targets]
 
 
-def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
-    """Every part's ``(scores, block)`` from ONE call of the joint model (see ``ScoredSet.score``)."""
+def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list], checks: list | None = None) -> list:
+    """Every part's ``(scores, block, positions, exact)`` from ONE call of the joint model (see
+    ``ScoredSet.score``), or with ``checks`` (per set, scored rows to check by a full forward in
+    the same call) ``(that, checked)`` pairs, ``checked`` as ``ScoredSet.check_forward`` gives it."""
+    if checks is not None:
+        return list(zip(_score_jointly(indexes, sets, parts), _check_jointly(indexes, sets, checks)))
     model, prompts = _joint(indexes)
     flat = [s for part in parts for s in part]
     sizes = [len(p) for p in parts]
@@ -51,7 +56,7 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
             skip = np.repeat([len(pr) for pr in prompts], sizes).astype(np.int32)
             raw = model.score_sequences(from_tuples(seqs), skip=skip)
         tolerance = min(s.tolerance for s in sets)
-        return [(sc, None, s.full_positions(part))
+        return [(sc, None, s.full_positions(part), np.ones(len(part), bool))
                 for sc, s, part in zip(np.split(checked_scores(raw, flat, tolerance), splits), sets, parts)]
     # Each set forwards only the views with a position it does not hold (rows wholly held, e.g.
     # p + eos after a scored p, need no forward); the joint call runs full forwards (one model,
@@ -69,7 +74,29 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list]) -> list:
             checked_frontier(block, [part[i] for i in need], ok[need], s.tolerance)
             fresh = pad_fresh(shift_left(block, p.known[need]), need, len(rs))
         full = s.completed(rs, p, fresh)
-        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.full_positions([rs[i] for i in need])))
+        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.full_positions([rs[i] for i in need]),
+                    s.exact_rows(p.known)))
+        lo = hi
+    return out
+
+
+def _check_jointly(indexes, sets: list[ScoredSet], checks: list) -> list:
+    """Per set, ``ScoredSet.check_forward`` of its rows ``checks[i]`` (or None), every set's
+    from ONE full forward of the joint model."""
+    model, prompts = _joint(indexes)
+    rows = []
+    for s, c in zip(sets, checks):
+        c = np.asarray(c, np.int64).reshape(-1)
+        rows.append(c[~s.exact[c]])
+    seqs = [s.seqs[j] for s, c in zip(sets, rows) for j in c.tolist()]
+    if not seqs:
+        return [None] * len(sets)
+    fs = frontier_scores(model, seqs, sets[0].top_m, [p for p, c in zip(prompts, rows) for _ in range(c.size)])
+    out, lo = [], 0
+    for s, c in zip(sets, rows):
+        hi = lo + c.size
+        mine = [s.seqs[j] for j in c.tolist()]
+        out.append((c, FrontierScores(*(a[lo:hi] for a in fs)), s.full_positions(mine)) if c.size else None)
         lo = hi
     return out
 
@@ -106,6 +133,9 @@ def rescore_many(
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
     queries = [make_query(start, k, ri.rerank_window, ri.assumed_gap) for ri in indexes]
     mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries)
+    agree("rescore_many", lambda: {**query_arguments(queries, mode), "indexes": len(indexes),
+                                   "prompts": [list(getattr(ri.target, "prompt", ()) or ()) for ri in indexes],
+                                   "index": [ri.identity() for ri in indexes]})
     searching = mode.prove or mode.until_certified
     pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences) if searching else q.extent)
              for ri, q in zip(indexes, queries)]
@@ -122,6 +152,8 @@ def rescore_many(
             if cover.gap is not None:
                 pulls[i], rounds[i] = grow_until_certified(cover, ri.draft, pulls[i], sets[i], mode.budget,
                                                            certificate_probe(ri, cover))
+            if not mode.prove and sets[i].check(cover.k - 1):  # the answer's cached rows: a full forward
+                rounds[i] += 1
     states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
@@ -144,17 +176,21 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
         for i, (ri, state) in enumerate(zip(indexes, states)):
             if state.stopped:
                 continue
-            proof, more, width, fetch = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width,
-                                                   state.adaptive)
-            states[i] = state._replace(proof=proof, stopped=more is None)
-            if more is not None:
-                new[i] = (more, width, fetch)
+            r = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width, state.adaptive)
+            if r.new is None:  # a stop on cached numbers: their full forward first, then decide again
+                check = sets[i].unchecked(k - 1)
+                r = Round(r.proof, [], state.width, (), check) if check.size else r
+            states[i] = state._replace(proof=r.proof, stopped=r.new is None)
+            if r.new is not None:
+                new[i] = r
         if not new:
             return states
         live = list(new)
-        scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i][0] for i in live])
-        for i, sc in zip(live, scored):
-            more, width, fetch = new[i]
-            fetched = sets[i].add(more, indexes[i].draft_scores(more), np.full(len(more), -1), scored=sc, fetch=fetch)
-            sets[i].calls += int(sc[2] > 0 or fetched)
-            states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=width)
+        scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i].new for i in live],
+                                [new[i].check for i in live])
+        for i, (sc, checked) in zip(live, scored):
+            r = new[i]
+            fetched = sets[i].add(r.new, indexes[i].draft_scores(r.new), np.full(len(r.new), -1), scored=sc, fetch=r.fetch)
+            sets[i].store_check(checked)
+            sets[i].calls += int(sc[2] > 0 or fetched or checked is not None)
+            states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=r.width)

@@ -3,8 +3,11 @@ place, from the frontier bound (:mod:`jaxrescore.rescore.frontier`) and the slic
 
 A slice ``[start, start + k)`` of the first ``n`` scored sequences is *proven* when ``start >=
 0``, the target's numbers for one prefix agree between forwards within its ``score_tolerance``
-(assumption 4), and the worst returned score clears the frontier bound by the tolerance (or no
-exit is left: the rows are the target's whole support).
+(assumption 4), its cached numbers agree with its full forward within the tolerance wherever a
+full forward checked them, and every scored sequence the slice's worst score does not clear by
+the tolerance has been checked (assumption 5: the answer's scores are its full forward's), and
+the worst returned score clears the frontier bound by the tolerance (or no exit is left: the rows
+are the target's whole support).
 
 :func:`check_proof` decides one slice on the host (a search's stop test, with the exits it opens
 next); :func:`proof_verdict` is the same decision as a pure function of arrays, and
@@ -106,7 +109,29 @@ def check_proof(scored, n: int, start: int, k: int) -> tuple[Proof, Frontier | N
     worst = kth_best(scored.target_lps[:n], start + k - 1)
     front = frontier(scored.arrays(n), scored.structure, floor=open_floor(worst, scored.tolerance))
     proven = bool(proof_verdict(worst, start, front.bound, front.moved, scored.tolerance, np))
-    return explain(proven, front.bound, front.moved, worst, n, start, k, scored.tolerance), front
+    proof = explain(proven, front.bound, front.moved, worst, n, start, k, scored.tolerance)
+    return on_cache(proof, scored, n, start + k - 1), front
+
+
+def on_cache(proof: Proof, scored, n: int, rank: int) -> Proof:
+    """``proof`` of a slice of the first ``n`` rows of ``scored`` whose worst is at 0-based
+    ``rank``, refused where it would rest on the target's cached numbers (assumption 5 of
+    :mod:`jaxrescore.rescore.frontier`): when a full forward disagreed with them beyond the
+    tolerance (:attr:`~jaxrescore.rescore.scored.ScoredSet.drift`), or when a row it rests on
+    was never checked by one (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`)."""
+    drift, tolerance = getattr(scored, "drift", 0.0), scored.tolerance
+    if proof.proven is not None and rank >= 0 and not drift <= tolerance:
+        return Proof(False, proof.frontier_bound, (
+            f"the target's cached (incremental) forward disagrees with its full forward by {drift:.6g} "
+            f"nats on sequence {scored.drift_at}, more than its score tolerance {tolerance:g}: no proof "
+            "rests on the cached numbers (raise the target's score_tolerance if that noise is expected)"))
+    if proof.proven and rank >= 0:
+        unchecked = scored.unchecked(rank, n)
+        if unchecked.size:
+            return Proof(False, proof.frontier_bound, (
+                f"{proof.reason}, but {unchecked.size} scored sequences it rests on hold cached "
+                "(incremental) numbers that no full forward has checked"))
+    return proof
 
 
 def padded(s: ScoredArrays, rows: int, width: int) -> ScoredArrays:
@@ -152,5 +177,5 @@ def check_proofs(scored, rows: list[int], starts: list[int], ks: list[int], wors
         return [NO_DISTRIBUTIONS] * len(rows)
     bounds, moved = frontier_bounds(scored, rows)
     verdicts = proof_verdict(np.asarray(worsts, np.float64), np.asarray(starts), bounds, moved, scored.tolerance, np)
-    return [explain(bool(ok), float(b), float(mv), float(w), r, s, k, scored.tolerance)
+    return [on_cache(explain(bool(ok), float(b), float(mv), float(w), r, s, k, scored.tolerance), scored, r, s + k - 1)
             for ok, b, mv, w, r, s, k in zip(np.atleast_1d(verdicts), bounds, moved, worsts, rows, starts, ks)]

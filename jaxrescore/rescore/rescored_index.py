@@ -22,6 +22,7 @@ from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.answer import decide_proofs, results, run_core
 from jaxrescore.rescore.core import GapCarry
 from jaxrescore.rescore.draft import DraftView
+from jaxrescore.rescore.processes import agree, model_identity, query_arguments
 from jaxrescore.rescore.proof import Proof
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, make_mode, make_query, require_gap
 from jaxrescore.rescore.result import RescoreResult
@@ -170,8 +171,19 @@ class RescoredIndex:
         then covers every sequence scored), with the budgets of :meth:`top_k`."""
         queries = self._queries(starts, ks, rerank_windows, assumed_gaps)
         mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries)
+        # several processes (jax.distributed): each must ask this same query, checked first
+        agree("RescoredIndex.sweep", lambda: {**query_arguments(queries, mode), "index": self.identity()})
         with self._lock:
             return run_queries(self, queries, mode)
+
+    def identity(self) -> dict:
+        """What every process of a multi-process run must agree on about this index (see
+        :mod:`jaxrescore.rescore.processes`): its settings and the models' identity (type,
+        support, prompt, weight shapes; never the weights)."""
+        return {"top_m": self.top_m, "completion_branch": self.completion_branch, "search_width": self.search_width,
+                "adaptive_width": self.adaptive_width, "target": model_identity(self.target),
+                "draft_index": type(self.draft_index).__name__,
+                "draft": model_identity(getattr(self.draft_index, "model", None) or self.draft_model)}
 
     def _queries(self, starts, ks, windows, gaps) -> list[Query]:
         try:

@@ -15,8 +15,9 @@ class RescoreResult:
     True`` (under ``assumed_gap``) — check those, not ``items`` alone.
 
     Attributes:
-      items: ``(sequence, target_log_prob)`` pairs, target-exact, sorted by target score (ties by
-        draft rank).
+      items: ``(sequence, target_log_prob)`` pairs, target-exact (each score is the target's
+        full forward of that sequence, never its cached incremental path alone), sorted by
+        target score (ties by draft rank).
       certified: the spec's gap certificate. None when no ``assumed_gap`` was supplied
         (certification never attempted); True only when the draft support was exhausted or the
         returned set's worst target score provably clears ``bound + assumed_gap`` plus the
@@ -41,13 +42,17 @@ class RescoreResult:
         distributions (a bare scoring function); True when the worst returned target score
         clears the frontier bound plus the target's score tolerance, so the items are the
         target's exact top-k (or slice) over its whole support, whatever the draft; False
-        otherwise (``proof_reason`` says why).
+        otherwise (``proof_reason`` says why), e.g. when the target's cached path disagreed with
+        its full forward on the answer by more than the tolerance (the assumptions are listed in
+        :mod:`jaxrescore.rescore.frontier`).
       frontier_bound: the frontier bound (an upper bound on the target score of every sequence
         the query did not score; -inf when it scored the whole support), or None without
         distributions.
       proof_reason: why ``proven`` is what it is, in words.
       rounds: target scoring rounds this query made (1 unless ``prove`` or ``until_certified``
-        searched further); every round is one batched target call.
+        searched further); every round is one batched target call. A search whose answer holds
+        numbers of the target's cached path checks them by a full forward in its last round's
+        call, or, when that round had nothing else to score, in a call of its own (a round).
       positions: token positions the target computed for this query (see
         :attr:`~jaxrescore.rescore.RescoredIndex.target_positions`).
       texts: each item's sequence as text after the target's prompt, if any (``eos`` left out),

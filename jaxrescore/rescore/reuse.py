@@ -18,10 +18,14 @@ the target only AFTER its deepest known prefix:
   rows that need anything (a row whose every position is known, e.g. ``p + eos`` after a scored
   ``p``, costs no forward at all).
 
-Soundness is unchanged: every number is the target's own, from one of its forwards (assumption 4
-of :mod:`jaxrescore.rescore.frontier`: one prefix's numbers agree between forwards within the
-target's ``score_tolerance``, which covers the cached path's float noise; a recomputed position is
-compared with its first computation like any repeated prefix).
+Soundness: every number is the target's own, from one of its forwards (assumption 4 of
+:mod:`jaxrescore.rescore.frontier`: one prefix's numbers agree between forwards within the
+target's ``score_tolerance``; a recomputed position is compared with its first computation like
+any repeated prefix). The cached path may drift from the full forward (accelerator matmuls, fused
+attention), so no proof rests on it alone (assumption 5): the answer's rows, and the rows within
+the tolerance below it, are checked by a full forward before a verdict or a returned score rests
+on them (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`), and a disagreement beyond the
+tolerance refuses the proof.
 """
 
 from __future__ import annotations

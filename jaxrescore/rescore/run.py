@@ -25,7 +25,10 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     extent = max(q.extent for q in queries)
     pull = draft.pull(min(extent, budget.max_sequences) if searching else extent)
     scored = index.new_scored_set()
-    scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)))
+    # A query that does not search returns from this call alone: its rows are teacher-forced
+    # whole by the target's own forward (the spec's one batched forward: exact scores, no
+    # cached numbers to check); a search's first call feeds the caches its later rounds extend.
+    scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), full=not searching)
     gaps = [q.gap for q in queries if q.gap is not None]
     if not searching:
         rows = [min(q.extent, len(pull.seqs)) for q in queries]
@@ -35,6 +38,8 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     rounds = 1
     if mode.until_certified:
         pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, certificate_probe(index, cover))
+        if not mode.prove and scored.check(cover.k - 1):  # the answer's cached rows: a full forward
+            rounds += 1
     # Everything the draft ranks after the head is bounded by the head's bound, so it bounds
     # every sequence left unscored however far the search went.
     head = draft.bound(len(pull.seqs), pull) if gaps else None

@@ -24,7 +24,8 @@ from jaxrescore.models.base import Structure
 from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
-from jaxrescore.rescore.frontier import ScoredArrays, complete
+from jaxrescore.rescore.frontier import ScoredArrays, _gap, complete
+from jaxrescore.rescore.proof import kth_best, open_floor
 from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
 from jaxrescore.sequences import from_tuples
@@ -101,7 +102,11 @@ class ScoredSet:
         shared by rows of one call once per row, plus a held position again where the step out
         of it is not among its named tokens (the prompt's cache, computed once per model, is not
         counted); otherwise a full forward per row that needs any new position (the prompt
-        counted in each), a fetched row after ``n`` tokens ``n + 1``.
+        counted in each), a fetched row after ``n`` tokens ``n + 1``; a checked row (see
+        :meth:`add`) its full forward's.
+      drift: the largest disagreement (nats) measured between a checked row's cached numbers
+        and its full forward (node scores along it, the largest named next-token log-prob and
+        the eos log-prob at each position); ``drift_at`` the sequence where (None: none yet).
     """
 
     def __init__(self, target: Any, score, top_m: int = DEFAULT_TOP_M, draft_scores=None):
@@ -118,6 +123,7 @@ class ScoredSet:
         self._target: list[np.ndarray] = []
         self._draft: list[np.ndarray] = []
         self._ranks: list[np.ndarray] = []
+        self._exact: list[np.ndarray] = []  # per add: bool per row, numbers of a full forward
         self._blocks: list[tuple] = []  # per add: (rows, FrontierScores)
         self._adds: list[int] = []  # per add: its first sequence
         self._packed: list = []  # per add, built on demand: padded tokens and (width, _padded parts)
@@ -131,6 +137,8 @@ class ScoredSet:
         # Teacher forcing on top of held key/value caches (None: full forwards; a 16-bit
         # target's proofs stay on full forwards, see proof_session), see reuse.py.
         self._session = proof_session(target) if self.proves else None
+        self.drift = 0.0
+        self.drift_at: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -181,6 +189,25 @@ class ScoredSet:
         return target, np.asarray(self._draft_scores([rows[i] for i in idx]), np.float64).reshape(len(idx))
 
     @property
+    def exact(self) -> np.ndarray:
+        """bool[N]: whether each scored sequence's numbers are a full forward's: teacher-forced
+        whole by the target's ``score_frontier`` in one call, or checked by one (see :meth:`add`);
+        every row of a target without an incremental forward (no cached path)."""
+        return np.concatenate(self._exact) if self._exact else np.zeros(0, bool)
+
+    def unchecked(self, rank: int, n: int | None = None) -> np.ndarray:
+        """int64[U]: the rows among the first ``n`` (all by default) that a full forward must
+        check before a verdict or a returned score may rest on them: not :attr:`exact`, with a
+        finite score that the score at 0-based ``rank`` (the worst answer) does not clear by the
+        tolerance (the answer itself and the rows just below it, which the full forward could
+        lift into it). Empty for a target without an incremental forward."""
+        if self._session is None or not self.seqs:
+            return np.zeros(0, np.int64)
+        scores = self.target_lps[:n]
+        floor = open_floor(kth_best(scores, rank), self.tolerance)
+        return np.flatnonzero(~self.exact[: scores.size] & np.isfinite(scores) & (scores >= floor))
+
+    @property
     def ranks(self) -> np.ndarray:
         """int64[N]: each sequence's draft rank, -1 for one found by the search."""
         return np.concatenate(self._ranks) if self._ranks else np.zeros(0, np.int64)
@@ -194,16 +221,23 @@ class ScoredSet:
                 out.append(s)
         return out
 
-    def score(self, seqs: list):
+    def score(self, seqs: list, full: bool = False):
         """Score ``seqs`` in ONE target call: ``(float64[N] scores, (rows, FrontierScores) or
-        None, positions)``, ``positions`` the token positions the target computed (only what the
-        set does not hold already, see :mod:`jaxrescore.rescore.reuse`). Does not add them (see
-        :meth:`add`)."""
+        None, positions, bool[N] exact)``, ``positions`` the token positions the target computed
+        (only what the set does not hold already, see :mod:`jaxrescore.rescore.reuse`, unless
+        ``full``: then every row is teacher-forced whole by the target's ``score_frontier``, as
+        :attr:`exact` rows), ``exact`` as :attr:`exact`. Does not add them (see :meth:`add`)."""
         if not self.proves:
-            return checked_scores(self._score(seqs), seqs, self.tolerance), None, self.full_positions(seqs)
+            scores = checked_scores(self._score(seqs), seqs, self.tolerance)
+            return scores, None, self.full_positions(seqs), np.ones(len(seqs), bool)
         rows, ok = forward_rows(seqs, self.structure)
-        fs, positions = self._forward(seqs, rows, ok)
-        return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs), positions
+        fs, positions, exact = self._forward(seqs, rows, ok, full)
+        return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs), positions, exact
+
+    def exact_rows(self, known: np.ndarray) -> np.ndarray:
+        """bool[N]: which rows a call of full forwards makes :attr:`exact`, given what it knew of
+        each (``known``: positions copied from held rows; those may be cached numbers)."""
+        return np.ones(known.size, bool) if self._session is None else np.asarray(known) == 0
 
     def full_positions(self, rows: list) -> int:
         """Token positions full forwards of ``rows`` compute (the prompt counted in each)."""
@@ -221,45 +255,103 @@ class ScoredSet:
         from ``fresh`` (left-aligned at each row's first unknown position)."""
         return assemble(rows, reused, self._arrays() if self.seqs else None, fresh)
 
-    def _forward(self, seqs: list, rows: list, ok: np.ndarray) -> tuple[FrontierScores, int]:
+    def _forward(self, seqs: list, rows: list, ok: np.ndarray, full: bool = False) -> tuple[FrontierScores, int, np.ndarray]:
         """The views ``rows`` (of ``seqs``; ``ok``: in the support) as per-position arrays,
-        computing only what the set does not hold: on top of held key/value caches when the
-        target decodes incrementally, else by full forwards of the rows that need any position,
-        each checked as it comes (see :mod:`jaxrescore.rescore.reuse`)."""
-        reused = self.plan(rows)
+        computing only what the set does not hold (all of every row when ``full``): on top of
+        held key/value caches when the target decodes incrementally, else by full forwards of
+        the rows that need any position, each checked as it comes (see
+        :mod:`jaxrescore.rescore.reuse`); with the rows that are :attr:`exact`."""
+        reused = nothing_known(len(rows)) if full else self.plan(rows)
         need = np.flatnonzero(reused.known < np.array([len(r) for r in rows], np.int64))
         fresh, positions = None, 0
+        cached = self._session is not None and not full
         if need.size:
             part = [rows[i] for i in need]
-            if self._session is not None:
+            if cached:
                 fs, positions = self._session.teacher_force(part, reused.known[need], self.top_m)
             else:
                 fs = frontier_scores(self.target, part, self.top_m)
                 checked_frontier(fs, [seqs[i] for i in need], ok[need], self.tolerance)
                 fs, positions = shift_left(fs, reused.known[need]), self.full_positions(part)
             fresh = pad_fresh(fs, need, len(rows))
-        return self.completed(rows, reused, fresh), positions
+        lengths = np.array([len(r) for r in rows], np.int64)
+        exact = lengths == 0 if cached else self.exact_rows(reused.known)
+        return self.completed(rows, reused, fresh), positions, exact
 
-    def add(self, seqs: list, draft_lps, ranks, *, scored=None, fetch: list = ()) -> bool:
+    def add(self, seqs: list, draft_lps, ranks, *, scored=None, fetch: list = (), check=(),
+            full: bool = False) -> bool:
         """Add sequences not scored yet (the caller passes only new ones), scoring them in one
         target call unless ``scored`` (from :meth:`score`, e.g. a call shared by several sets)
-        is given, and fetch the full next-token rows of the prefixes ``fetch`` in the same call
-        (see :meth:`fetch_rows`: independent of the scoring, so not a call of its own); a failed
-        call leaves the set unchanged. Returns whether rows were fetched."""
+        is given, and in the same call (independent of the scoring, so not a call of its own)
+        fetch the full next-token rows of the prefixes ``fetch`` (see :meth:`fetch_rows`) and
+        check the scored rows ``check`` (indices; see :meth:`unchecked`) by a full forward
+        (:meth:`check_forward`); ``full`` scores every new row by a full forward (see
+        :meth:`score`). A failed call leaves the set unchanged. Returns whether rows were
+        fetched."""
         fetched = self._fetch(fetch)
+        checked = self.check_forward(check)
         if scored is None:  # this set's own call: one, unless everything was known already
             ran = False
             if seqs:
-                scored = self.score(seqs)
+                scored = self.score(seqs, full)
                 ran = scored[1] is None or scored[2] > 0
-            self.calls += int(ran or fetched is not None)
+            self.calls += int(ran or fetched is not None or checked is not None)
         if seqs:
             self._add_scored(seqs, draft_lps, ranks, scored)
         self._store_rows(fetched)
+        self.store_check(checked)
         return fetched is not None
 
+    def check(self, rank: int) -> bool:
+        """Check the :meth:`unchecked` rows at ``rank`` by a full forward, in a call of their own
+        (a search whose last call had nothing else to score); whether a call was made."""
+        rows = self.unchecked(rank)
+        if rows.size:
+            self.add([], [], [], check=rows)
+        return bool(rows.size)
+
+    def check_forward(self, rows, model: Any = None, prompt: tuple = ()) -> tuple | None:
+        """``(rows int64[C], FrontierScores, positions)``: the full forward (``score_frontier``)
+        of the scored rows ``rows`` (indices) that are not :attr:`exact`, or None when there are
+        none. Stores nothing (see :meth:`store_check`). ``model`` and ``prompt``: what forwards
+        them when not the target itself (a joint call of several prompts' sets scores ``prompt +
+        row`` on their shared base, see :mod:`jaxrescore.rescore.many`)."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if not rows.size:
+            return None
+        rows = rows[~self.exact[rows]]
+        if not rows.size:
+            return None
+        seqs = [self.seqs[i] for i in rows.tolist()]
+        if model is None:
+            fs = frontier_scores(self.target, seqs, self.top_m)
+        else:
+            fs = frontier_scores(model, seqs, self.top_m, [prompt] * len(seqs))
+        return rows, fs, self.full_positions(seqs)
+
+    def store_check(self, checked: tuple | None) -> None:
+        """Store a :meth:`check_forward`: the rows' scores become the full forward's, the rows
+        :attr:`exact`, and :attr:`drift` the largest disagreement seen with their cached numbers."""
+        if checked is None:
+            return
+        rows, fs, positions = checked
+        seqs = [self.seqs[i] for i in rows.tolist()]
+        scores = checked_frontier(fs, seqs, np.ones(len(seqs), bool), self.tolerance)
+        off = cache_drift(self.arrays(), rows, fs)
+        self.sequences += len(seqs)
+        self.positions += positions
+        worst = int(np.argmax(off))
+        if not off[worst] <= self.drift:  # NaN too
+            self.drift, self.drift_at = float(off[worst]), seqs[worst]
+        starts = np.asarray(self._adds)
+        for i, score in zip(rows.tolist(), scores.tolist()):
+            a = int(np.searchsorted(starts, i, side="right")) - 1
+            self._target[a][i - starts[a]] = score
+            self._exact[a][i - starts[a]] = True
+
     def _add_scored(self, seqs: list, draft_lps, ranks, scored) -> None:
-        scores, block, positions = scored
+        scores, block, positions = scored[:3]
+        exact = scored[3] if len(scored) > 3 else np.full(len(seqs), self._session is None)
         evidence = self._view_evidence(seqs, block)  # before any change: it may raise
         self.sequences += len(seqs)
         self.positions += positions
@@ -269,7 +361,8 @@ class ScoredSet:
         for i, s in enumerate(seqs, start=len(self.seqs)):
             self.where[s] = i
         self.seqs.extend(seqs)
-        self._target.append(np.asarray(scores, np.float64))
+        self._target.append(np.array(scores, np.float64).reshape(len(seqs)))
+        self._exact.append(np.array(exact, bool).reshape(len(seqs)))
         self._draft.append(np.asarray(draft_lps, np.float64).reshape(len(seqs)))
         self._ranks.append(np.asarray(ranks, np.int64).reshape(len(seqs)))
         if block is not None:
@@ -375,6 +468,32 @@ class ScoredSet:
             prefixes[i, : len(p)] = p
             values[i, : r.size] = r
         return prefixes, np.array([len(p) for p, _ in fetched], np.int64), values
+
+
+def cache_drift(s: ScoredArrays, rows: np.ndarray, fs: FrontierScores) -> np.ndarray:
+    """float64[C]: how far the numbers ``s`` holds for the scored rows ``rows`` (perhaps cached)
+    are from their full forward ``fs`` (whole rows, left-aligned): the largest difference over
+    every position of a row between the node scores (sums of the steps so far, the row's own
+    score at its end), the largest named next-token log-probs and the eos log-probs: the
+    numbers the frontier reads at those nodes (as assumption 4 of
+    :mod:`jaxrescore.rescore.frontier` compares two forwards of one prefix)."""
+    width = min(fs.steps.shape[1], s.steps.shape[1])  # both cover every checked row
+    lengths = np.asarray(s.lengths)[rows]
+    real = np.arange(width)[None, :] < lengths[:, None]
+
+    def held(a):
+        return np.asarray(a)[rows, :width]
+
+    parts = []
+    full = FrontierScores(*(np.asarray(a)[:, :width] if np.ndim(a) > 1 else a for a in fs))
+    for mine, theirs in ((np.cumsum(np.where(real, held(s.steps), 0.0), axis=1),
+                          np.cumsum(np.where(real, np.asarray(full.steps, np.float64), 0.0), axis=1)),
+                         (held(s.top_lps).max(axis=2), full.top_lps.max(axis=2)),
+                         (held(s.eos_lps), full.eos_lps)):
+        with np.errstate(invalid="ignore"):
+            off = _gap(np, np.asarray(mine, np.float64), np.asarray(theirs, np.float64))
+        parts.append(np.where(real, off, 0.0).max(axis=1, initial=0.0))
+    return np.max(parts, axis=0)
 
 
 def _padded(fs: FrontierScores, width: int, m: int):
