@@ -1,6 +1,8 @@
 """The library's other searches against brute force: the gap-certified ``until_certified`` growth,
 exact best-first search over one model, and the top-of-distribution gap estimate."""
 
+import heapq
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,75 @@ def test_best_first_is_exact(seed, vocab, max_len, eos, batch):
         assert found.forwards >= found.calls >= 1
     with pytest.raises(ValueError, match="batch"):
         best_first_top_k(model, 2, batch=0)
+
+
+def _tied(table, seed):
+    """``table`` with many exact ties: every row of one depth is the same row of integer logits
+    (so sequences whose steps have equal log-probs tie exactly), some tokens impossible."""
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(0, 2, (table.max_len, table.vocab_size)).astype(float)
+    rows = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    for p, row in table.steps.items():
+        row[:] = rows[len(p)]
+        if rng.random() < 0.2:
+            row[rng.integers(row.size)] = -np.inf
+            row -= np.logaddexp.reduce(row)
+    return table
+
+
+def _eager_best_first(model, k, batch):
+    """Best-first with every finite child pushed onto one heap (the search before lazy pushing,
+    one token at a time): ``(items, forwards, calls)`` that ``best_first_top_k`` must reproduce
+    exactly, the order of tied items included."""
+    eos, max_len = model.eos, model.max_len
+    open_, best, forwards, calls = [(-0.0, ())], [], 0, 0
+    while open_:
+        kth = best[0][0] if len(best) >= k else -np.inf
+        if -open_[0][0] <= kth:
+            break
+        take = [heapq.heappop(open_) for _ in range(min(batch, len(open_)))]
+        take = [(-s, p) for s, p in take if -s > kth]
+        toks = np.zeros((len(take), max(1, max(len(p) for _, p in take))), np.int32)
+        for i, (_, p) in enumerate(take):
+            toks[i, : len(p)] = p
+        lens = np.array([len(p) for _, p in take], np.int32)
+        rows = np.minimum(np.asarray(model.next_logprobs(toks, lens), np.float64), 0.0)
+        forwards, calls = forwards + len(take), calls + 1
+        for (score, p), row in zip(take, rows):
+            for t in range(row.size):
+                last = len(p) + 1 == max_len
+                if not np.isfinite(row[t]) or (eos is not None and last and t != eos):
+                    continue
+                lp, seq = score + float(row[t]), p + (t,)
+                if t == eos or (eos is None and last):
+                    if len(best) < k:
+                        heapq.heappush(best, (lp, seq))
+                    elif lp > best[0][0]:
+                        heapq.heapreplace(best, (lp, seq))
+                elif len(best) < k or lp > best[0][0]:
+                    heapq.heappush(open_, (-lp, seq))
+    return sorted(((s, lp) for lp, s in best), key=lambda x: -x[1]), forwards, calls
+
+
+@pytest.mark.parametrize("vocab, max_len, eos", [(3, 4, None), (4, 3, None), (3, 5, 2), (4, 4, 0)])
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("prompt", [(), (1,)])
+def test_best_first_is_exact_on_ties_and_prompts_and_expands_in_the_eager_order(vocab, max_len, eos, tied, prompt):
+    table = TableModel(vocab, max_len, vocab + max_len, eos=eos, temperature=2.0)
+    table = _tied(table, vocab) if tied else table
+    model = as_model(table, batched=True)
+    model = model.with_prompt(prompt) if prompt else model
+    support = [s[len(prompt):] for s in table.support() if s[: len(prompt)] == prompt]
+    scores = np.asarray(model.score_sequences(support))
+    support, scores = [s for s, f in zip(support, np.isfinite(scores)) if f], scores[np.isfinite(scores)]
+    truth = dict(zip(support, scores))
+    for k in (1, 4, len(support)):
+        for batch in (1, 3, 50):
+            found = best_first_top_k(model, k, batch=batch)
+            assert (found.items, found.forwards, found.calls) == _eager_best_first(model, k, batch)
+            assert len({s for s, _ in found.items}) == k and all(s in truth for s, _ in found.items)
+            np.testing.assert_allclose([lp for _, lp in found.items], np.sort(scores)[::-1][:k], atol=1e-9)
+            np.testing.assert_allclose([lp for _, lp in found.items], [truth[s] for s, _ in found.items], atol=1e-9)
 
 
 def test_estimate_top_gap_measures_the_region_of_the_answers():

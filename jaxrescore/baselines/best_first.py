@@ -9,6 +9,12 @@ model calls and ``forwards`` prefix rows, what the speculative search is measure
 A model that decodes incrementally (see :mod:`jaxrescore.models.decoding`) expands through one
 :class:`~jaxrescore.models.decoding.DecodingSession` for the whole search: every expanded prefix's
 parent was expanded before, so (while its cache is held) a row costs one token position.
+
+The host work per expanded row is a few numpy passes over it, not one step per token: a child at
+or below the k-th best complete score is dropped (that score only rises, so it could never be
+expanded), the others are sorted once and enter the open heap one at a time (a child's next
+sibling is pushed when it pops). Prefixes pop in the order a heap of every child would give, so
+the expanded prefixes, ``forwards`` and ``calls`` are those of pushing every child.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class BestFirstResult(NamedTuple):
 def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstResult:
     """The exact top-``k`` sequences of ``model`` by batched best-first search.
 
+    Ties: open prefixes of equal log-prob expand in Python's tuple order; a complete sequence
+    displaces the worst one held only when strictly better (of equal worst ones, the smallest
+    tuple goes first); equally scored items come out in no promised order.
+
     Args:
       model: an AutoregressiveEnumerable (``vocab_size``, ``eos``, ``max_len``, batched
         ``next_logprobs``).
@@ -46,23 +56,48 @@ def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstRes
     batch = k if batch is None else check_int(batch, "batch", minimum=1)
     model = incremental(model)
     eos, max_len = model.eos, int(model.max_len)
-    open_ = [(-0.0, ())]  # (negated log-prob, prefix): a max-heap by log-prob
+    # (negated log-prob, prefix, its _Children, its index there): a max-heap by log-prob holding
+    # each expanded row's best child not yet popped (the next one is pushed when it pops).
+    open_: list = [(-0.0, (), None, 0)]
     best: list = []  # min-heap of (log_prob, sequence): the k best complete sequences so far
     forwards = calls = 0
     while open_:
         kth = best[0][0] if len(best) >= k else -np.inf
         if -open_[0][0] <= kth:
             break  # no open prefix can beat the k-th best complete sequence
-        take = [heapq.heappop(open_) for _ in range(min(batch, len(open_)))]
-        take = [(s, p) for s, p in take if -s > kth]
-        prefixes = [p for _, p in take]
-        rows = _rows(model, prefixes)
-        forwards += len(prefixes)
+        take = _pop(open_, batch, kth)
+        rows = _rows(model, [p for _, p in take])
+        forwards += len(take)
         calls += 1
-        for (neg, prefix), row in zip(take, rows):
-            _expand(prefix, -neg, row, eos, max_len, k, best, open_)
+        for (score, prefix), row in zip(take, rows):
+            _expand(prefix, score, row, eos, max_len, k, best, open_)
     items = sorted(((s, lp) for lp, s in best), key=lambda x: -x[1])
     return BestFirstResult(items, forwards, calls)
+
+
+class _Children(NamedTuple):
+    """One expanded row's live children that may still matter, best first (ties by token):
+    ``tokens[int]``, ``log_probs[float64]`` (the prefix's score included)."""
+
+    prefix: tuple
+    tokens: np.ndarray
+    log_probs: np.ndarray
+
+
+def _push(open_: list, kids: _Children, i: int) -> None:
+    heapq.heappush(open_, (-float(kids.log_probs[i]), kids.prefix + (int(kids.tokens[i]),), kids, i))
+
+
+def _pop(open_: list, batch: int, kth: float) -> list:
+    """Up to ``batch`` ``(log_prob, prefix)`` pairs above ``kth``, best first: each popped child
+    pushes its next sibling first, so the order is the one of a heap holding every child."""
+    take = []
+    while open_ and len(take) < batch and -open_[0][0] > kth:
+        neg, prefix, kids, i = heapq.heappop(open_)
+        if kids is not None and i + 1 < kids.tokens.size:
+            _push(open_, kids, i + 1)
+        take.append((-neg, prefix))
+    return take
 
 
 def _rows(model, prefixes: list) -> np.ndarray:
@@ -75,18 +110,38 @@ def _rows(model, prefixes: list) -> np.ndarray:
 
 
 def _expand(prefix, score, row, eos, max_len, k, best, open_) -> None:
-    """Children of ``prefix``: complete ones into ``best`` (kept to k), live ones onto ``open_``."""
+    """Children of ``prefix``: complete ones into ``best`` (kept to k), live ones that beat its
+    k-th score onto ``open_`` (lazily, best first)."""
     n = len(prefix) + 1
-    tokens = np.arange(row.size)
-    if eos is not None and n == max_len:
-        tokens = tokens[tokens == eos]  # only eos leads into the support at the last position
-    for t in tokens[np.isfinite(row[tokens])]:
-        lp = score + float(row[t])
-        seq = prefix + (int(t),)
-        if (eos is not None and t == eos) or (eos is None and n == max_len):
-            if len(best) < k:
-                heapq.heappush(best, (lp, seq))
-            elif lp > best[0][0]:
-                heapq.heapreplace(best, (lp, seq))
-        elif len(best) < k or lp > best[0][0]:
-            heapq.heappush(open_, (-lp, seq))
+    lps = score + row
+    finite = np.isfinite(row)
+    if eos is None:
+        complete = finite if n == max_len else np.zeros_like(finite)
+    else:
+        complete = np.zeros_like(finite)
+        complete[eos] = finite[eos]
+    _offer(best, k, prefix, lps, np.flatnonzero(complete))
+    if n == max_len:
+        return  # every child at the last position is complete or out of the support
+    kth = best[0][0] if len(best) >= k else -np.inf
+    # A child at or below the k-th best complete score is never expanded: that score only rises.
+    tokens = np.flatnonzero(finite & ~complete & (lps > kth))
+    if tokens.size:
+        order = np.argsort(-lps[tokens], kind="stable")  # stable: ties by token, as tuples compare
+        _push(open_, _Children(prefix, tokens[order], lps[tokens][order]), 0)
+
+
+def _offer(best: list, k: int, prefix: tuple, lps: np.ndarray, tokens: np.ndarray) -> None:
+    """``prefix + (t,)`` for each of ``tokens`` (ascending) into ``best``: pushed while it holds
+    fewer than ``k``, then replacing its worst when strictly better: the heap operations of
+    offering every token one at a time, so ties resolve (and tied items come out) as they would.
+    Only a token above the worst after the fill can change the heap."""
+    fill = min(k - len(best), tokens.size)
+    for t in tokens[:fill]:
+        heapq.heappush(best, (float(lps[t]), prefix + (int(t),)))
+    rest = tokens[fill:]
+    if rest.size:
+        rest = rest[lps[rest] > best[0][0]]
+    for t in rest:
+        if lps[t] > best[0][0]:
+            heapq.heapreplace(best, (float(lps[t]), prefix + (int(t),)))
