@@ -11,7 +11,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int
-from jaxrescore.models.decoding import Decoder, StepDecode
+from jaxrescore.models.decoding import Decoder
+from jaxrescore.models.step_decode import StepDecode
 from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.typing import PyTree
