@@ -81,10 +81,15 @@ MIN_CACHE_LEN = 8
 # caches and contexts grow by factors of four (8, 32, 128, ...) up to the longest row the model
 # allows, and one-token calls pad to at least ONE_TOKEN_ROWS rows (a call of one position per row
 # streams every weight whatever its row count: padding rows there cost almost nothing). On the
-# real SmolLM2-135M proof of BENCHMARKS.md ("A real pretrained LM") this took the distinct
-# decoding programs from 71 to ~20.
+# real SmolLM2-135M chat proof (BENCHMARKS.md, "A real pretrained LM") the distinct decoding
+# programs went from 71 to 44 with these rules, and to fewer with the two below.
 WIDTH_GROWTH = 4
 ONE_TOKEN_ROWS = 8
+# ... a multi-token call pads to at least this many positions (rows times width), and a model
+# whose rows (and one padded block after them) fit SHORT_ROWS_CACHE positions keeps every row
+# cache at one length.
+BLOCK_POSITIONS = 16
+SHORT_ROWS_CACHE = 64
 
 
 def coarse_size(n: int, minimum: int = 1) -> int:
@@ -428,7 +433,7 @@ class DecodingSession:
         for lo in range(0, idx.size, per):
             part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
             fed = (ends[part] - part_start).astype(np.int32)
-            b = max(self._base._rows_bucket(m), ONE_TOKEN_ROWS if w == 1 else 1)
+            b = max(self._base._rows_bucket(m), ONE_TOKEN_ROWS if w == 1 else BLOCK_POSITIONS // w, 1)
             block = np.zeros((b, w), np.int32)
             cols = part_start[:, None] + np.arange(w)[None, :]
             real = cols < ends[part][:, None]
@@ -458,10 +463,13 @@ class DecodingSession:
         return out
 
     def _cache_len(self, need: int) -> int:
-        """The row-cache length of a call writing up to position ``need``: a coarse size (see
-        :data:`WIDTH_GROWTH`), no longer than the power of two covering the longest row the
-        model allows (so short-answer searches use ONE length), never shorter than ``need``."""
+        """The row-cache length of a call writing up to position ``need``. Short rows (a model
+        whose rows and one padded block fit :data:`SHORT_ROWS_CACHE`) use ONE length, twice the
+        longest row; longer ones a coarse size (see :data:`WIDTH_GROWTH`) no longer than the
+        power of two covering the longest row. Never shorter than ``need``."""
         longest = bucket_size(int(self.model.max_len), MIN_CACHE_LEN)
+        if 2 * longest <= SHORT_ROWS_CACHE and need <= 2 * longest:
+            return 2 * longest
         return max(bucket_size(need, MIN_CACHE_LEN), min(coarse_size(need, MIN_CACHE_LEN), longest))
 
     # -- the held caches --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrescore.models.base import AutoregressiveEnumerable
+from jaxrescore.models.base import AutoregressiveEnumerable, check_int
 from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.scores import FrontierScores
 from jaxrescore.models.text import check_tokenizer, encode_prompt
@@ -78,10 +78,11 @@ class PromptableMixin:
     # load_model from the file, or by the user; see jaxrescore.models.vocabulary).
     vocabulary: tuple[str, ...] | None = None
 
-    def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
+    def with_prompt(self, tokens: Tokens | str, *, max_new_tokens: int | None = None) -> PromptedModel:
         """The model of continuations of ``tokens`` (see :class:`PromptedModel`): token ids, or
-        text when the model has a vocabulary or a tokenizer."""
-        return PromptedModel(self, encode_prompt(self, tokens))
+        text when the model has a vocabulary or a tokenizer; ``max_new_tokens``: continuations
+        of at most that many tokens, ``eos`` included (as ``generate`` counts them)."""
+        return PromptedModel(self, encode_prompt(self, tokens), max_new_tokens=max_new_tokens)
 
     def with_tokenizer(self, tokenizer: Any) -> Any:
         """A copy of the model that reads and writes text with ``tokenizer`` (any object with
@@ -99,14 +100,18 @@ class PromptedModel(PromptableMixin):
       base: the unconditioned model (must support ``score_sequences(seqs, skip=...)``).
       prompt: the conditioning tokens, a tuple of ints.
       vocab_size, eos: those of ``base`` (read from it: an inferred vocabulary keeps growing).
-      max_len: ``base.max_len - len(prompt)``: the longest continuation (EOS included).
+      max_len: ``base.max_len - len(prompt)``, or ``max_new_tokens`` when smaller: the longest
+        continuation (EOS included). A terminating model's support is then the continuations
+        that end with ``eos`` within it, scored as the base scores them (not renormalised).
     """
 
-    def __init__(self, base: AutoregressiveEnumerable, prompt: Tokens):
+    def __init__(self, base: AutoregressiveEnumerable, prompt: Tokens, *, max_new_tokens: int | None = None):
         self.base = base
         self.prompt = check_prompt(base, prompt)
         self.eos = base.eos
         self.max_len = int(base.max_len) - len(self.prompt)
+        if max_new_tokens is not None:
+            self.max_len = min(self.max_len, check_int(max_new_tokens, "max_new_tokens", minimum=1))
 
     def __repr__(self) -> str:
         return f"PromptedModel(base={self.base!r}, prompt={self.prompt})"
@@ -120,10 +125,14 @@ class PromptedModel(PromptableMixin):
         """Whether the base infers its vocabulary from the tables it has seen (it then grows)."""
         return bool(getattr(self.base, "vocab_inferred", False))
 
-    def with_prompt(self, tokens: Tokens | str) -> PromptedModel:
-        """Extend the prompt: conditioning on ``self.prompt + tokens`` (ids, or text)."""
+    def with_prompt(self, tokens: Tokens | str, *, max_new_tokens: int | None = None) -> PromptedModel:
+        """Extend the prompt: conditioning on ``self.prompt + tokens`` (ids, or text), within
+        this model's own length cap (and ``max_new_tokens`` when given)."""
         more = check_prompt(self, encode_prompt(self, tokens))
-        longer = PromptedModel(self.base, self.prompt + more)
+        cap = self.max_len - len(more)
+        if max_new_tokens is not None:
+            cap = min(cap, check_int(max_new_tokens, "max_new_tokens", minimum=1))
+        longer = PromptedModel(self.base, self.prompt + more, max_new_tokens=cap)
         longer.tokenizer = self.tokenizer
         return longer
 

@@ -97,9 +97,12 @@ class DraftView:
             and int(target_max_len) <= int(index_max_len)
         )
 
-    def pull(self, extent: int) -> DraftPull:
-        """The first ``extent`` sequences in draft order (fewer if the index runs out), each once."""
-        seqs, lps, ran_out = self._raw_pull(extent)
+    def pull(self, extent: int, max_rows: int | None = None) -> DraftPull:
+        """The first ``extent`` sequences in draft order (fewer if the index runs out), each once.
+        ``max_rows``: grow the index by at most that many model rows for it (an index whose
+        ``ensure_count`` takes ``max_rows``, as our SeekIndex's does; others grow as they do):
+        the pull is then what the index holds, possibly fewer than ``extent``."""
+        seqs, lps, ran_out = self._raw_pull(extent, max_rows)
         first = {}
         for i, seq in enumerate(seqs):
             first.setdefault(seq, i)
@@ -108,10 +111,14 @@ class DraftView:
         keep = sorted(first.values())
         return DraftPull([seqs[i] for i in keep], lps[keep], ran_out, repeated=True)
 
-    def _raw_pull(self, extent: int) -> tuple[list, np.ndarray, bool]:
+    def _raw_pull(self, extent: int, max_rows: int | None = None) -> tuple[list, np.ndarray, bool]:
         idx = self.index
-        if callable(getattr(idx, "ensure_count", None)):
-            idx.ensure_count(extent)
+        ensure = getattr(idx, "ensure_count", None)
+        if callable(ensure):
+            if max_rows is not None and "max_rows" in inspect.signature(ensure).parameters:
+                ensure(extent, max_rows=max_rows)
+            else:
+                ensure(extent)
         if callable(getattr(idx, "unrank_batch", None)) and hasattr(idx, "__len__"):
             n = min(extent, len(idx))
             seqs, lps = idx.unrank_batch(np.arange(n, dtype=np.int64)) if n else ([], [])
@@ -202,3 +209,35 @@ class DraftView:
             float(q.edge(max(fb, 0), max_steps)),
             "the edge item's fine bucket minus max_len (foreign index, trusted as bucket-ordered)",
         )
+
+
+class SpeculativeDraft:
+    """A draft index that lists nothing up front: a proving search over it starts from the root,
+    and the draft MODEL speculates every path it scores (greedy completions of the frontier's
+    exits; see :mod:`jaxrescore.rescore.search`). What :func:`jaxrescore.top_k` uses for a
+    network draft (an int8 twin, a student, the target itself), whose every row is a forward:
+    an index listing ``k + rerank_window`` complete sequences in draft order would pay for
+    every prefix above them, thousands of forwards on a chat model's answers, before the search
+    begins. It offers no bound, so it never certifies; proofs need none. Nor is the draft asked
+    to score the sequences the search finds (``draft_log_probs`` are NaN): a draft forward per
+    round that no verdict reads.
+
+    Attributes:
+      model: the draft model (``next_logprobs``), which completes exit prefixes.
+      max_len: the model's.
+    """
+
+    def __init__(self, model: Any):
+        if not callable(getattr(model, "next_logprobs", None)):
+            raise TypeError(f"SpeculativeDraft needs a model with next_logprobs, got {type(model).__name__}")
+        self.model = model
+        self.max_len = model.max_len
+
+    def __repr__(self) -> str:
+        return f"SpeculativeDraft({self.model!r})"
+
+    def __len__(self) -> int:
+        return 0
+
+    def unrank(self, i: int):
+        raise IndexError(f"rank {i}: a SpeculativeDraft lists no sequences (a proving search starts from the root)")

@@ -8,6 +8,7 @@ import numpy as np
 
 from jaxrescore.models.scores import FrontierScores
 from jaxrescore.rescore.processes import agree, query_arguments
+from jaxrescore.rescore.progress import report
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, SearchBudget, make_mode, make_query
 from jaxrescore.rescore.rescored_index import RescoredIndex
 from jaxrescore.rescore.result import RescoreResult
@@ -110,6 +111,7 @@ def rescore_many(
     until_certified: bool = False,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
     max_sequences: int | None = None,
+    max_seconds: float | None = None,
 ) -> list[RescoreResult]:
     """``[ri.slice(start, k, prove=prove, ...) for ri in indexes]`` with ONE batched target call
     per round for all of them.
@@ -125,20 +127,20 @@ def rescore_many(
     Args:
       indexes: RescoredIndex objects sharing a target, or whose targets are prompts of one base.
       k: the number of items per index, an integer >= 1.
-      start, prove, until_certified, max_rounds, max_sequences: as in
-        :meth:`RescoredIndex.slice` (budgets per index).
+      start, prove, until_certified, max_rounds, max_sequences, max_seconds: as in
+        :meth:`RescoredIndex.slice` (budgets per index; the seconds for the whole call).
     """
     indexes = list(indexes)
     if not indexes or not all(isinstance(ri, RescoredIndex) for ri in indexes):
         raise ValueError("indexes must be a non-empty sequence of RescoredIndex objects")
     queries = [make_query(start, k, ri.rerank_window, ri.assumed_gap) for ri in indexes]
-    mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries)
+    mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries, max_seconds)
     agree("rescore_many", lambda: {**query_arguments(queries, mode), "indexes": len(indexes),
                                    "prompts": [list(getattr(ri.target, "prompt", ()) or ()) for ri in indexes],
                                    "index": [ri.identity() for ri in indexes]})
     searching = mode.prove or mode.until_certified
-    pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences) if searching else q.extent)
-             for ri, q in zip(indexes, queries)]
+    pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
+             if searching else ri.draft.pull(q.extent) for ri, q in zip(indexes, queries)]
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [pull.seqs for pull in pulls]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
@@ -146,7 +148,7 @@ def rescore_many(
         s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = int(scored[2] > 0)  # it took part in the call when it forwarded a row
     covers = [Query(0, q.start + q.k, 0, q.gap) for q in queries]
-    rounds = [1] * len(indexes)
+    rounds = [1 if part else 0 for part in parts]  # an empty pull made no call
     if mode.until_certified:
         for i, (ri, cover) in enumerate(zip(indexes, covers)):
             if cover.gap is not None:
@@ -186,6 +188,8 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
         if not new:
             return states
         live = list(new)
+        report(f"round {max(states[i].rounds for i in live) + 1}: scoring {sum(len(new[i].new) for i in live)} new "
+               f"sequences for {len(live)} of {len(indexes)} prompts")
         scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i].new for i in live],
                                 [new[i].check for i in live])
         for i, (sc, checked) in zip(live, scored):

@@ -109,6 +109,11 @@ def query_arguments(queries: list, mode: Any) -> dict:
     out = {name: values[0] if len(values) == 1 else values for name, values in fields.items()}
     out.update(prove=mode.prove, until_certified=mode.until_certified, max_rounds=mode.budget.max_rounds,
                max_sequences=mode.budget.max_sequences)
+    if mode.budget.max_seconds is not None and jax.process_count() > 1:
+        raise ValueError(
+            "max_seconds cannot bound a query that several processes run together: each would stop "
+            "at its own time and wait for the others; use max_rounds / max_sequences"
+        )
     return out
 
 

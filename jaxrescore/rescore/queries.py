@@ -6,6 +6,7 @@ the same keywords and checks them here, with the one validator family of :mod:`j
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 from jaxrescore._checks import check_bool, check_float, check_int
@@ -47,20 +48,35 @@ def make_query(start: Any, k: Any, window: Any, gap: Any) -> Query:
 
 
 class SearchBudget(NamedTuple):
-    """Limits of one search: scoring rounds (target calls that score sequences) and target
-    sequences (and fetched next-token rows) in all."""
+    """Limits of one search, every piece of its work included: scoring rounds (target calls
+    that score sequences), target sequences (and fetched next-token rows) in all, which also cap
+    the draft index's model rows grown for the search's first pull, and optionally seconds of
+    wall time (checked before each round; ``started`` is the ``time.monotonic()`` the query
+    began at)."""
 
     max_rounds: int
     max_sequences: int
+    max_seconds: float | None = None
+    started: float = 0.0
+
+    def out_of_time(self) -> bool:
+        """Whether ``max_seconds`` have passed since the query began."""
+        return self.max_seconds is not None and time.monotonic() - self.started >= self.max_seconds
 
 
-def search_budget(max_rounds: Any, max_sequences: Any, start: int, k: int) -> SearchBudget:
-    """The budget of one search: ``max_rounds`` >= 1, and ``max_sequences`` >= 1 or None (then
-    :data:`DEFAULT_MAX_SEQUENCES` or :data:`SEQUENCES_PER_ITEM` per item asked, the larger)."""
+def search_budget(max_rounds: Any, max_sequences: Any, start: int, k: int, max_seconds: Any = None) -> SearchBudget:
+    """The budget of one search: ``max_rounds`` >= 1, ``max_sequences`` >= 1 or None (then
+    :data:`DEFAULT_MAX_SEQUENCES` or :data:`SEQUENCES_PER_ITEM` per item asked, the larger), and
+    ``max_seconds`` > 0 or None (no time limit); the clock starts now."""
     rounds = check_int(max_rounds, "max_rounds", minimum=1)
+    seconds = check_float(max_seconds, "max_seconds", minimum=0.0, allow_none=True, unit="seconds")
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"max_seconds must be > 0 seconds or None, got {max_seconds!r}")
     if max_sequences is None:
-        return SearchBudget(rounds, max(DEFAULT_MAX_SEQUENCES, SEQUENCES_PER_ITEM * (start + k)))
-    return SearchBudget(rounds, check_int(max_sequences, "max_sequences", minimum=1))
+        sequences = max(DEFAULT_MAX_SEQUENCES, SEQUENCES_PER_ITEM * (start + k))
+    else:
+        sequences = check_int(max_sequences, "max_sequences", minimum=1)
+    return SearchBudget(rounds, sequences, seconds, time.monotonic())
 
 
 class Mode(NamedTuple):
@@ -73,12 +89,12 @@ class Mode(NamedTuple):
 
 
 def make_mode(prove: Any, until_certified: Any, max_rounds: Any, max_sequences: Any,
-              queries: list[Query]) -> Mode:
+              queries: list[Query], max_seconds: Any = None) -> Mode:
     """The checked :class:`Mode` of a call asking ``queries`` (the budget scales with the widest)."""
     prove = check_bool(prove, "prove")
     until_certified = check_bool(until_certified, "until_certified")
     widest = max(q.start + q.k for q in queries)
-    budget = search_budget(max_rounds, max_sequences, 0, widest)
+    budget = search_budget(max_rounds, max_sequences, 0, widest, max_seconds)
     if until_certified and all(q.gap is None for q in queries):
         raise ValueError("until_certified=True needs an assumed_gap (the certificate is gap-based)")
     return Mode(prove, until_certified, budget)

@@ -21,7 +21,7 @@ from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
 from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.answer import decide_proofs, results, run_core
 from jaxrescore.rescore.core import GapCarry
-from jaxrescore.rescore.draft import DraftView
+from jaxrescore.rescore.draft import DraftView, SpeculativeDraft
 from jaxrescore.rescore.processes import agree, model_identity, query_arguments
 from jaxrescore.rescore.proof import Proof
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, make_mode, make_query, require_gap
@@ -86,7 +86,10 @@ class RescoredIndex:
         self.draft_index = draft_index
         self.target = target
         self.draft_model = completion_model(draft_index, draft_model, target)
-        self._draft_scorer = draft_scorer(draft_index, draft_model, self.draft_model)
+        # A speculation-only draft is not asked to score what the search found: a whole draft
+        # forward per round that no verdict reads (no gap can be certified over it); NaN instead.
+        self._draft_scorer = None if isinstance(draft_index, SpeculativeDraft) else draft_scorer(
+            draft_index, draft_model, self.draft_model)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._positions = 0
         self._lock = threading.RLock()
@@ -129,7 +132,8 @@ class RescoredIndex:
         return int(self._carry.sequences)
 
     def top_k(self, k: int, *, prove: bool = False, until_certified: bool = False,
-              max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None) -> RescoreResult:
+              max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None,
+              max_seconds: float | None = None) -> RescoreResult:
         """The ``k`` best sequences by TARGET score among the ``k + rerank_window`` draft head.
 
         Args:
@@ -141,17 +145,26 @@ class RescoredIndex:
           max_rounds: scoring rounds (batched target calls) allowed to a search, >= 1.
           max_sequences: sequences (and fetched next-token rows) the target may evaluate in a
             search, >= 1; None (default): 65,536 or 1,024 per item asked, whichever is larger.
+            It also caps the model rows the draft index may grow by for the search's first pull
+            (the search goes on from what the index then holds).
+          max_seconds: wall-clock seconds allowed to a search (checked before each round), > 0,
+            or None (default: no limit). Not with several processes (each would stop at its
+            own time).
+
+        A search that stops at a budget returns its answer so far with ``proven=False`` and a
+        ``proof_reason`` naming the budget.
         """
         return self.slice(0, k, prove=prove, until_certified=until_certified, max_rounds=max_rounds,
-                          max_sequences=max_sequences)
+                          max_sequences=max_sequences, max_seconds=max_seconds)
 
     def slice(self, start: int, k: int, *, prove: bool = False, until_certified: bool = False,
-              max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None) -> RescoreResult:
+              max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None,
+              max_seconds: float | None = None) -> RescoreResult:
         """Target-reranked ``[start, start + k)`` slice of the pulled ``start + k + rerank_window``
         head; the verdicts cover whether an unpulled sequence could belong in or before it.
         ``prove``, ``until_certified`` and the budgets are as in :meth:`top_k`."""
         return self.sweep([start], [k], prove=prove, until_certified=until_certified, max_rounds=max_rounds,
-                          max_sequences=max_sequences)[0]
+                          max_sequences=max_sequences, max_seconds=max_seconds)[0]
 
     def unrank(self, i: int) -> RescoreResult:
         """The target-reranked rank-``i`` item: ``slice(i, 1)``."""
@@ -160,7 +173,7 @@ class RescoredIndex:
     def sweep(self, starts: Sequence[int], ks: Sequence[int], rerank_windows: Sequence[int] | None = None,
               assumed_gaps: Sequence[float | None] | None = None, *, prove: bool = False,
               until_certified: bool = False, max_rounds: int = DEFAULT_MAX_ROUNDS,
-              max_sequences: int | None = None) -> list[RescoreResult]:
+              max_sequences: int | None = None, max_seconds: float | None = None) -> list[RescoreResult]:
         """Many queries at once: ONE pull of the largest extent, ONE target call, ONE vmapped core
         call and ONE vmapped proof check. Result ``q`` equals what a fresh index with window
         ``rerank_windows[q]`` (default this index's) and gap ``assumed_gaps[q]`` (default this
@@ -170,7 +183,7 @@ class RescoredIndex:
         holds. ``prove`` and ``until_certified`` search once for the widest query (every query
         then covers every sequence scored), with the budgets of :meth:`top_k`."""
         queries = self._queries(starts, ks, rerank_windows, assumed_gaps)
-        mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries)
+        mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries, max_seconds)
         # several processes (jax.distributed): each must ask this same query, checked first
         agree("RescoredIndex.sweep", lambda: {**query_arguments(queries, mode), "index": self.identity()})
         with self._lock:

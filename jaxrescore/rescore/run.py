@@ -23,7 +23,10 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     draft, budget = index.draft, mode.budget
     searching = mode.prove or mode.until_certified
     extent = max(q.extent for q in queries)
-    pull = draft.pull(min(extent, budget.max_sequences) if searching else extent)
+    # A search's first pull grows the draft index by at most max_sequences model rows: the
+    # budget bounds the draft's work too (a search goes on from what the index holds).
+    pull = draft.pull(min(extent, budget.max_sequences), max_rows=budget.max_sequences) if searching \
+        else draft.pull(extent)
     scored = index.new_scored_set()
     # A query that does not search returns from this call alone: its rows are teacher-forced
     # whole by the target's own forward (the spec's one batched forward: exact scores, no
@@ -35,7 +38,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
         bounds = {r: draft.bound(r, pull) for r, q in zip(rows, queries) if q.gap is not None}
         return index.answer(queries, scored, rows, bounds)
     cover = Query(0, max(q.start + q.k for q in queries), 0, max(gaps) if gaps else None)
-    rounds = 1
+    rounds = 1 if pull.seqs else 0  # an empty pull made no call
     if mode.until_certified:
         pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, certificate_probe(index, cover))
         if not mode.prove and scored.check(cover.k - 1):  # the answer's cached rows: a full forward

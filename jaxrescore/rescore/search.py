@@ -51,6 +51,7 @@ import numpy as np
 from jaxrescore.rescore.core import CERT_FALSE, WHY_SHORT_OF
 from jaxrescore.rescore.draft import DraftPull, DraftView
 from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, clears
+from jaxrescore.rescore.progress import report
 from jaxrescore.rescore.proof import Proof, check_proof, kth_best, open_floor
 from jaxrescore.rescore.queries import Query, SearchBudget
 from jaxrescore.rescore.scored import ScoredSet
@@ -151,6 +152,10 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
       budget: the search's limits; ``rounds``: scoring rounds made so far.
       width: exits this round may open (see :func:`first_width`).
     """
+    if not len(scored) and scored.proves and rounds < budget.max_rounds and not budget.out_of_time():
+        # nothing pulled (a draft that lists nothing up front): the draft speculates from the root
+        seed = complete([()], np.zeros(1), -math.inf).sequences()[: budget.max_sequences]
+        return Round(Proof(False, None, "nothing scored yet"), seed, width)
     proof, front = check_proof(scored, len(scored), start, k)
     if proof.proven is not False or start < 0 or not front.moved <= scored.tolerance or not scored.drift <= scored.tolerance:
         return Round(proof, None, width)
@@ -158,12 +163,14 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         return Round(proof, None, width)  # proven but for the full forward of cached rows (prove_search)
     if rounds >= budget.max_rounds:
         return Round(proof._replace(reason=f"{proof.reason}; stopped at max_rounds={budget.max_rounds}"), None, width)
+    if budget.out_of_time():
+        return Round(proof._replace(reason=f"{proof.reason}; stopped at max_seconds={budget.max_seconds:g}"), None, width)
     # The budget counts everything the target evaluated: scored sequences and fetched rows.
     room = budget.max_sequences - scored.sequences
     if room <= 0:
         return Round(proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width)
-    prefixes, values, rest = _open_prefixes(scored, front, start, k)
-    rest = [p for p in rest if p not in scored.rows][:room]
+    prefixes, values, rest_values = _open_prefixes(scored, front, start, k)
+    rest = [p for p in rest_values if p not in scored.rows][:room]
     if not prefixes and rest:  # only "rest" exits are open: their rows first (a call of its own)
         if not scored.fetch_rows(rest):
             return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
@@ -184,6 +191,8 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         # all ``take``; only the best ``share`` exits' are scored)
         spec = spec.of_prefixes(share)
     new = scored.new(spec.aimed(open_floor(aim, scored.tolerance), scored.structure.eos))[: max(room - len(rest), 0)]
+    if new:  # rest rows below the aim wait, like named exits (a row is a whole V-wide forward)
+        rest = [p for p in rest if rest_values[p] >= open_floor(aim, scored.tolerance)]
     if not new and not rest:
         return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
     return Round(proof, new, width if adaptive else 2 * width, rest, ride_along(scored, start + k - 1))
@@ -235,6 +244,8 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
                                                  state.adaptive)
     if new is None:
         return state._replace(proof=proof, stopped=True)
+    report(f"round {state.rounds + 1} of at most {budget.max_rounds}: scoring {len(new)} new sequences "
+           f"({len(scored)} scored so far)")
     scored.add(new, draft_scores(new), np.full(len(new), -1), fetch=fetch, check=check)
     return state._replace(proof=proof, rounds=state.rounds + 1, width=width)
 
@@ -264,7 +275,7 @@ def grow_until_certified(q: Query, draft: DraftView, pull: DraftPull, scored: Sc
     is low enough for the current worst score (a wider pull only raises the worst score, so one
     round usually suffices). Returns the final pull and the scoring rounds made."""
     rounds = 1
-    while rounds < budget.max_rounds:
+    while rounds < budget.max_rounds and not budget.out_of_time():
         bound = draft.bound(len(pull.seqs), pull)
         code, why, worst = decide(scored, bound)
         if code != CERT_FALSE or why != WHY_SHORT_OF or not math.isfinite(bound.value):
@@ -285,7 +296,7 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int):
     """``(prefixes, values float64[P], rest)``: the ``p + t`` prefixes of the open exits whose
     token is named and their exact target log-probs, likeliest first, and the nodes ``p``
     (likeliest first) whose open exit is a top-m "rest" (every token the forward did not name:
-    only the node's full row resolves it)."""
+    only the node's full row resolves it), each mapped to that exit's bound."""
     worst = kth_best(scored.target_lps, start + k - 1)
     ex = front.exits
     is_open = ~clears(worst, ex.value, scored.tolerance)
@@ -296,8 +307,10 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int):
     def prefix(e):
         return tuple(int(t) for t in arrays.tokens[seq[e], : depth[e]]) if seq[e] >= 0 else ()
 
-    rest = list(dict.fromkeys(prefix(e) for e in np.flatnonzero(token == REST)))
+    value = ex.value[is_open][order]
+    rest: dict = {}  # node -> its best open "rest" exit's value (the first seen: likeliest first)
+    for e in np.flatnonzero(token == REST).tolist():
+        rest.setdefault(prefix(e), float(value[e]))
     # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
     named = np.flatnonzero(token != REST)
-    value = ex.value[is_open][order]
     return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in named], value[named], rest

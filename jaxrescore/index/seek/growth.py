@@ -51,11 +51,21 @@ def deepen_to(cfg: SeekSettings, state: SeekState, session: Session, budget: int
     return grow(cfg, state, session, budget, request)
 
 
-def deepen_for_count(cfg: SeekSettings, state: SeekState, session: Session, n: int, request: str) -> SeekState:
-    """Deepened pass by pass until ``n`` sequences are held (or nothing more can be)."""
+def deepen_for_count(cfg: SeekSettings, state: SeekState, session: Session, n: int, request: str,
+                     max_rows: int | None = None) -> SeekState:
+    """Deepened pass by pass until ``n`` sequences are held (or nothing more can be). With
+    ``max_rows``: no pass that would take the model rows evaluated beyond ``max_rows`` more than
+    now; growth simply stops before it (a query's budget, not an error)."""
     n = min(n, MAX_RANK)  # no index holds more: larger requests mean "as many as there are"
+    if max_rows is not None:
+        cfg = cfg._replace(max_rows=state.n_rows + max_rows)
     while size(state) < n and state.frontier_min < NO_BUCKET and state.budget < max_budget(cfg):
-        state = _grow_fitting(cfg, state, session, next_step(cfg, state, n), request)
+        try:
+            state = _grow_fitting(cfg, state, session, next_step(cfg, state, n), request)
+        except IndexLimitError as err:
+            if max_rows is None or err.limit != "max_rows":
+                raise
+            return state
     return state
 
 

@@ -284,14 +284,19 @@ class SeekIndex:
         return self
 
     @_locked
-    def ensure_count(self, n: int) -> "SeekIndex":
+    def ensure_count(self, n: int, *, max_rows: int | None = None) -> "SeekIndex":
         """Deepen until ``len(self) >= n``, the support is exhausted or ``max_depth_bits`` is
         reached, at most one whole bit a pass (see "Growth" in the package docstring): the index
         ends at or below the smallest whole-bit budget that holds ``n``. IndexLimitError if a
         pass would pass ``max_nodes``/``max_bytes`` even one bucket deep; the passes that fitted
-        are kept and the index keeps answering from them."""
+        are kept and the index keeps answering from them.
+
+        ``max_rows``: evaluate at most this many more model rows (the draft's forwards); growth
+        stops before a pass that would need more, with no error, and ``len(self)`` may stay
+        below ``n`` (a query's budget: a proving search then goes on from what is held)."""
         n = check_int(n, "n")
-        self._grow(growth.deepen_for_count, n, f"ensure_count(n={show(n)})", keep_limited=True)
+        max_rows = check_int(max_rows, "max_rows", minimum=0, allow_none=True)
+        self._grow(growth.deepen_for_count, n, f"ensure_count(n={show(n)})", max_rows, keep_limited=True)
         return self
 
     # -- queries -------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class IndexLimitError(ValueError):
     # The last consistent state before the pass that failed (the growth functions set it; a shell
     # that keeps the passes that fitted stores it).
     kept: SeekState | None = None
+    # Which limit: "max_nodes", "max_bytes", or "max_rows" (a query's cap on model rows).
+    limit: str = ""
 
 
 def show(n: int) -> str:
@@ -83,17 +85,21 @@ def check_room(cfg: SeekSettings, state: SeekState, new_nodes: int, new_live: in
     rows = state.n_rows + owed + new_live
     need = nodes * NODE_BYTES + rows_bytes(cfg, state) + (owed + new_live) * row_bytes(cfg, state)
     if cfg.max_nodes is not None and nodes > cfg.max_nodes:
-        limit = f"max_nodes={cfg.max_nodes:,}"
+        which, limit = "max_nodes", f"max_nodes={cfg.max_nodes:,}"
     elif need > cfg.max_bytes:
-        limit = f"max_bytes={cfg.max_bytes:,} ({mib(cfg.max_bytes)})"
+        which, limit = "max_bytes", f"max_bytes={cfg.max_bytes:,} ({mib(cfg.max_bytes)})"
+    elif cfg.max_rows is not None and rows > cfg.max_rows:
+        which, limit = "max_rows", f"max_rows={cfg.max_rows:,} model rows"
     else:
         return
     kind = "whole" if not sparse_rows(cfg) else "sparse"
-    raise IndexLimitError(
+    err = IndexLimitError(
         f"{request}: deepening to {budget / cfg.quantizer.scale:g} bits needs at least "
         f"{nodes:,} prefix-tree nodes and {rows:,} {kind} next-token rows, {mib(need)}, over {limit}; "
         "the pass was stopped there (before allocating more) and undone."
     )
+    err.limit = which
+    raise err
 
 
 def advice(cfg: SeekSettings, state: SeekState) -> str:

@@ -58,6 +58,9 @@ class SeekSettings(NamedTuple):
     max_bytes: int
     decode_cache_bytes: int | None
     row_storage: str
+    # Model rows the index may have evaluated in all (None: no cap). Set only for one growth by
+    # count (SeekIndex.ensure_count(n, max_rows=...)): a query's budget, never stored.
+    max_rows: int | None = None
 
 
 class _AtLeastOneToken:
