@@ -48,6 +48,7 @@ SECTIONS = [
     ("cold", "bench_cold"),
     ("multihost", "bench_multihost"),
     ("pretrained", "bench_pretrained"),
+    ("real_lm", "bench_real_lm"),
 ]
 
 HEADER = """# Benchmarks

@@ -77,8 +77,12 @@ def test_bad_input():
     with pytest.raises(ValueError, match="prefix lengths"):
         m.next_logprobs(np.zeros((1, 5), np.int32), np.array([5]))
     assert m.score_sequences([(1, 1, 1, 1, 1, 0)])[0] == -np.inf  # past max_len: outside the support
-    with pytest.raises(ValueError, match="eos"):
-        m.with_prompt([1, 0])
+    # a prompt may hold eos (a chat turn ends with it): it is context, the next row the base's
+    prompted = m.with_prompt([1, 0])
+    np.testing.assert_allclose(
+        prompted.next_logprobs(np.zeros((1, 3), np.int32), np.array([0])),
+        m.next_logprobs(np.array([[1, 0, 0, 0]], np.int32), np.array([2])),
+    )
 
 
 def test_fit_is_vectorised_at_scale():

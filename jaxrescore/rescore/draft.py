@@ -214,7 +214,7 @@ class DraftView:
 class SpeculativeDraft:
     """A draft index that lists nothing up front: a proving search over it starts from the root,
     and the draft MODEL speculates every path it scores (greedy completions of the frontier's
-    exits; see :mod:`jaxrescore.rescore.search`). What :func:`jaxrescore.top_k` uses for a
+    exits; see :mod:`jaxrescore.rescore.search`). What :func:`jaxrescore.quick.top_k` uses for a
     network draft (an int8 twin, a student, the target itself), whose every row is a forward:
     an index listing ``k + rerank_window`` complete sequences in draft order would pay for
     every prefix above them, thousands of forwards on a chat model's answers, before the search

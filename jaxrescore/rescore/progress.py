@@ -1,6 +1,6 @@
 """What a long query is doing, on a terminal: one status line on stderr.
 
-:func:`jaxrescore.top_k` runs its search inside :func:`reporting`; the search calls
+:func:`jaxrescore.quick.top_k` runs its search inside :func:`reporting`; the search calls
 :func:`report` before each round's target call ("round 3: scoring 24 new sequences; 41 XLA
 programs compiled so far"). Nothing is written unless stderr is a terminal
 (``JAXRESCORE_PROGRESS=1`` forces it on, ``0`` off) and the call has run for a second, so a quick

@@ -47,6 +47,23 @@ def make_query(start: Any, k: Any, window: Any, gap: Any) -> Query:
     )
 
 
+def make_queries(starts: Any, ks: Any, windows: Any, gaps: Any, window: int, gap: float | None) -> list[Query]:
+    """The queries of a sweep: ``starts[q]``, ``ks[q]`` with ``windows[q]`` and ``gaps[q]``
+    (default ``window`` and ``gap`` for every query), all checked."""
+    try:
+        starts, ks = list(starts), list(ks)
+        windows = [window] * len(starts) if windows is None else list(windows)
+        gaps = [gap] * len(starts) if gaps is None else list(gaps)
+    except TypeError as err:
+        raise ValueError(f"sweep needs sequences of starts and ks (and windows, gaps): {err}") from None
+    if not starts or not len(starts) == len(ks) == len(windows) == len(gaps):
+        raise ValueError(
+            "sweep needs non-empty starts and ks (and rerank_windows, assumed_gaps when given) of "
+            f"one length, got lengths {len(starts)}, {len(ks)}, {len(windows)}, {len(gaps)}"
+        )
+    return [make_query(*q) for q in zip(starts, ks, windows, gaps)]
+
+
 class SearchBudget(NamedTuple):
     """Limits of one search, every piece of its work included: scoring rounds (target calls
     that score sequences), target sequences (and fetched next-token rows) in all, which also cap

@@ -24,12 +24,12 @@ from jaxrescore.rescore.core import GapCarry
 from jaxrescore.rescore.draft import DraftView, SpeculativeDraft
 from jaxrescore.rescore.processes import agree, model_identity, query_arguments
 from jaxrescore.rescore.proof import Proof
-from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, make_mode, make_query, require_gap
+from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, make_mode, make_queries, require_gap
 from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.run import run_queries
 from jaxrescore.rescore.scored import ScoredSet
 from jaxrescore.rescore.search import SEARCH_WIDTH
-from jaxrescore.rescore.speculate import Speculation, completion_model, speculate
+from jaxrescore.rescore.speculate import Completer, Speculation, completion_model, speculate
 from jaxrescore.rescore.target import as_scorer, draft_scorer, draft_scores, target_structure
 
 
@@ -92,6 +92,7 @@ class RescoredIndex:
             draft_index, draft_model, self.draft_model)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._positions = 0
+        self._completer = Completer()
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -182,7 +183,7 @@ class RescoredIndex:
         one call (and earlier on this index), so no query certifies against evidence that call
         holds. ``prove`` and ``until_certified`` search once for the widest query (every query
         then covers every sequence scored), with the budgets of :meth:`top_k`."""
-        queries = self._queries(starts, ks, rerank_windows, assumed_gaps)
+        queries = make_queries(starts, ks, rerank_windows, assumed_gaps, self.rerank_window, self.assumed_gap)
         mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries, max_seconds)
         # several processes (jax.distributed): each must ask this same query, checked first
         agree("RescoredIndex.sweep", lambda: {**query_arguments(queries, mode), "index": self.identity()})
@@ -197,20 +198,6 @@ class RescoredIndex:
                 "adaptive_width": self.adaptive_width, "target": model_identity(self.target),
                 "draft_index": type(self.draft_index).__name__,
                 "draft": model_identity(getattr(self.draft_index, "model", None) or self.draft_model)}
-
-    def _queries(self, starts, ks, windows, gaps) -> list[Query]:
-        try:
-            starts, ks = list(starts), list(ks)
-            windows = [self.rerank_window] * len(starts) if windows is None else list(windows)
-            gaps = [self.assumed_gap] * len(starts) if gaps is None else list(gaps)
-        except TypeError as err:
-            raise ValueError(f"sweep needs sequences of starts and ks (and windows, gaps): {err}") from None
-        if not starts or not len(starts) == len(ks) == len(windows) == len(gaps):
-            raise ValueError(
-                "sweep needs non-empty starts and ks (and rerank_windows, assumed_gaps when given) of "
-                f"one length, got lengths {len(starts)}, {len(ks)}, {len(windows)}, {len(gaps)}"
-            )
-        return [make_query(*q) for q in zip(starts, ks, windows, gaps)]
 
     # -- the building blocks a call (and rescore_many) is made of ----------------------------------
 
@@ -238,7 +225,14 @@ class RescoredIndex:
         """The speculated paths of :meth:`complete`, with the draft's estimates along them (see
         :func:`~jaxrescore.rescore.speculate.speculate`)."""
         model = self.draft_model if self.draft_model is not None else self.target
-        return speculate(model, prefixes, target_structure(self.target), self.completion_branch, values, floor)
+        return speculate(self._completer.session(model), prefixes, target_structure(self.target), self.completion_branch,
+                         values, floor)
+
+    @property
+    def draft_positions(self) -> int | None:
+        """Token positions the completion model (the draft, or the target without one) computed
+        speculating paths so far, when it decodes incrementally; else None."""
+        return self._completer.positions
 
     def draft_scores(self, seqs: list) -> np.ndarray:
         """The draft's log-probs ``float64[N]`` of sequences the search found (see

@@ -115,6 +115,29 @@ class Speculation(NamedTuple):
         return list(dict.fromkeys(out))
 
 
+class Completer:
+    """The completion model through ONE decoding session for an index's life when it decodes
+    incrementally: a round extends the rows earlier rounds speculated instead of recomputing every
+    exit prefix from the prompt (the session drops its caches itself when the weights change)."""
+
+    def __init__(self):
+        self._model = self._session = None
+
+    def session(self, model):
+        """``model`` as an incremental session: the held one while the model is the same object."""
+        if self._model is not model:
+            self._model, self._session = model, incremental(model)
+        return self._session
+
+    @property
+    def positions(self) -> int | None:
+        """Token positions the session computed so far; None when the model is not decoded
+        incrementally (its positions are not counted)."""
+        if self._model is None:
+            return 0
+        return getattr(self._session, "positions", None) if self._session is not self._model else None
+
+
 def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1, values=None, floor: float = -np.inf) -> list:
     """The paths of :func:`speculate` as tuples, each once, in order."""
     return speculate(model, prefixes, structure, branch, values, floor).sequences()
