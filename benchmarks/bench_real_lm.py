@@ -149,13 +149,13 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     cases = [(CHAT.format(q), 12, False) for q in QUESTIONS] + [(CONTINUATION, 3, True)]
     ks = {0: (5, 10, 25)}  # the first chat question at every k; the others at k = 5
     if quick:
-        cases, ks = [(CHAT.format(QUESTIONS[0]), 3, False)], {0: (2,)}
+        cases, ks = [(CONTINUATION, 2, True)], {0: (3,)}  # small: every path 2 tokens
     rows, answers = [], []
     for i, (prompt, n, fixed) in enumerate(cases):
         for k in ks.get(i, (5,)):
             proof = query(path, "proof", prompt, k, n, fixed)
             base = query(path, "baseline", prompt, k, n, fixed)
-            shown = prompt.split("\n")[1] if prompt.startswith("<|im_start|>") else prompt
+            shown = prompt.split("\n")[1].removesuffix("<|im_end|>") if prompt.startswith("<|im_start|>") else prompt
             rows.append([f"`{shown}`", f"{n}{' (exactly)' if fixed else ''}", k,
                          "yes" if proof["proven"] else f"NO: {proof['reason']}",
                          "yes" if same_answer(proof, base) else "NO",

@@ -166,6 +166,16 @@ def test_jitted_prompt(tiny_lm):
     assert all(len(s) <= tiny_lm.max_len - len(prompt) and s[-1] == tiny_lm.eos for s, _ in a.items)
 
 
+def test_jitted_keeps_the_prompts_max_new_tokens(tiny_lm):
+    """A prompt's max_new_tokens caps the jitted search as it caps the model (the base's max_len
+    ran instead: thousands of steps on a real LM's 8,192-token context)."""
+    capped = tiny_lm.with_prompt((1,), max_new_tokens=2)
+    a, c = beam_search(capped, 4), beam_search(capped, 4, jit=False)
+    same(a.items, c.items, tol=1e-4)
+    assert a.calls <= 2 and all(len(s) <= 2 for s, _ in a.items)
+    np.testing.assert_allclose(capped.score_sequences([s for s, _ in a.items]), [lp for _, lp in a.items], atol=1e-4)
+
+
 def test_jitted_fixed_length():
     cfg = TransformerConfig(vocab_size=4, d_model=16, n_layers=1, n_heads=2, max_len=3, eos=None)
     lm = TransformerLM(cfg, seed=5)

@@ -106,7 +106,8 @@ def beam_search(
         )
     more = check_prompt(model, prompt)  # validated against the (prompted) model's own support
     if jittable and jit is not False:
-        return _jitted(base, own + more, beam_width)
+        # the continuation's cap is the given model's (a prompt's max_new_tokens), not the base's
+        return _jitted(base, own + more, beam_width, int(model.max_len) - len(more))
     if more:
         model = model.with_prompt(more)
     return _generic(model, beam_width)
@@ -233,9 +234,11 @@ def _beam_step(apply, width, beam, eos, params, state: _State, pos, j, last):
     return new, alive_lp.max(), keep_lp.min()
 
 
-def _jitted(base, prompt: tuple, beam: int) -> BeamResult:
-    w, eos, p = int(base.max_len), base.eos, len(prompt)
-    length = w - p  # the longest continuation (eos included)
+def _jitted(base, prompt: tuple, beam: int, length: int) -> BeamResult:
+    """Beam search over ``base`` after ``prompt``, continuations of at most ``length`` tokens
+    (eos included)."""
+    eos, p = base.eos, len(prompt)
+    w = p + length  # the columns a beam's input needs past BOS: the prompt and its continuation
     inputs = np.zeros((beam, w), np.int32)
     inputs[:, 0] = base.bos_id
     inputs[:, 1 : 1 + p] = prompt
