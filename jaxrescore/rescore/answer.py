@@ -129,6 +129,7 @@ def _result(q: Query, i: int, out, scored: ScoredSet, n: int, bounds: dict, proo
         rounds=rounds,
         texts=texts(items),
         positions=scored.positions,
+        check_positions=scored.check_positions,
         gap_refuted=None if q.gap is None else bool(out.refuted[i]),
     )
 

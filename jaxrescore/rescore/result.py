@@ -55,6 +55,8 @@ class RescoreResult:
         call, or, when that round had nothing else to score, in a call of its own (a round).
       positions: token positions the target computed for this query (see
         :attr:`~jaxrescore.rescore.RescoredIndex.target_positions`).
+      check_positions: of ``positions``, those of the full forwards that checked the answer's
+        cached numbers (each checked row's whole forward, its prompt included).
       texts: each item's sequence as text after the target's prompt, if any (``eos`` left out),
         aligned with ``items``, when the target has a vocabulary or a tokenizer (see
         :mod:`jaxrescore.models.text`); else None.
@@ -81,6 +83,7 @@ class RescoreResult:
     rounds: int = 1
     texts: list | None = None
     positions: int = 0
+    check_positions: int = 0
     gap_refuted: bool | None = None
 
     def __repr__(self) -> str:

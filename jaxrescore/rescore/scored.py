@@ -131,6 +131,7 @@ class ScoredSet:
         self.calls = 0
         self.sequences = 0
         self.positions = 0
+        self.check_positions = 0  # of them, the full forwards that checked cached numbers
         self._prompt = len(getattr(target, "prompt", ()) or ())
         self._known = KnownPrefixes()
         self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
@@ -340,6 +341,7 @@ class ScoredSet:
         off = cache_drift(self.arrays(), rows, fs)
         self.sequences += len(seqs)
         self.positions += positions
+        self.check_positions += positions
         worst = int(np.argmax(off))
         if not off[worst] <= self.drift:  # NaN too
             self.drift, self.drift_at = float(off[worst]), seqs[worst]
