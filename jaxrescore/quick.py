@@ -9,11 +9,13 @@ with ONE target call per round (:func:`~jaxrescore.rescore.rescore_many`).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from jaxrescore._checks import check_choice
+from jaxrescore.constraints import Constraint, constrain
 from jaxrescore.index import SeekIndex
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.scores import DEFAULT_TOP_M
@@ -43,6 +45,7 @@ def top_k(
     top_m: int = DEFAULT_TOP_M,
     index: str = "auto",
     index_options: dict | None = None,
+    constraint: Constraint | None = None,
 ) -> RescoreResult | list[RescoreResult]:
     """The target's ``k`` most probable sequences (continuations of ``prompt``), proven by default.
 
@@ -75,6 +78,10 @@ def top_k(
         or a table's rows cost microseconds, and its head makes the first round count).
       index_options: keyword arguments for each :class:`~jaxrescore.index.SeekIndex` (e.g.
         ``{"max_bytes": 1 << 30}``).
+      constraint: None, or a :mod:`jaxrescore.constraints` constraint on the generated tokens
+        (``Length``, ``Regex``, ``OneOf``, combined with ``&``): the answer is then the target's
+        top-k among the sequences that satisfy it (proven: exactly those), and the draft indexes
+        and speculates only such sequences. Several prompts are then searched one by one.
 
     A terminal (stderr) shows what a long call is doing: the draft index's build, then each
     round of the search and the programs compiled so far.
@@ -91,17 +98,16 @@ def top_k(
             raise TypeError(
                 f"draft must be a model (next_logprobs), a draft index (unrank) or None, got {type(draft).__name__}"
             )
-        if many or prompts != [None] or options or max_new_tokens is not None:
+        if many or prompts != [None] or options or max_new_tokens is not None or constraint is not None:
             raise ValueError(
                 "draft is a ready index, built for one prompt: pass the draft MODEL to use prompt=, "
-                "max_new_tokens= or index_options="
+                "max_new_tokens=, index_options= or constraint="
             )
     speculate_only = draft is None or index == "none" or (
         index == "auto" and prove and not until_certified and assumed_gap is None and _is_network(draft))
     indexes = []
     for p in prompts:
-        t = _conditioned(target, p, max_new_tokens)
-        d = t if draft is None else _conditioned(draft, p, max_new_tokens)
+        t, d = _constrained(target, draft, constraint, p, max_new_tokens)
         if callable(getattr(d, "unrank", None)):
             draft_index = d
         elif speculate_only:
@@ -115,6 +121,8 @@ def top_k(
     with reporting():
         if not many:
             return indexes[0].top_k(k, **search)
+        if constraint is not None:  # constrained targets share no base model to score jointly
+            return _one_by_one(indexes, k, search)
         return rescore_many(indexes, k, **search)
 
 
@@ -129,6 +137,30 @@ def _conditioned(model: Any, prompt, max_new_tokens: int | None) -> Any:
     if prompt is None and max_new_tokens is None:
         return model
     return model.with_prompt(() if prompt is None else prompt, max_new_tokens=max_new_tokens)
+
+
+def _one_by_one(indexes: list, k: int, search: dict) -> list[RescoreResult]:
+    """Each index's query in turn, ``max_seconds`` (when given) shared by all of them."""
+    limit = search["max_seconds"]
+    start = time.monotonic()
+    out = []
+    for ri in indexes:
+        left = None if limit is None else max(limit - (time.monotonic() - start), 1e-9)
+        out.append(ri.top_k(k, **{**search, "max_seconds": left}))
+    return out
+
+
+def _constrained(target: Any, draft: Any, constraint, prompt, max_new_tokens) -> tuple[Any, Any]:
+    """``(target, draft)`` over the continuations of ``prompt``, under ``constraint`` when one is
+    given (the draft reuses the target's automaton when their tokens agree)."""
+    t = _conditioned(target, prompt, max_new_tokens)
+    d = None if draft is None else _conditioned(draft, prompt, max_new_tokens)
+    if constraint is not None:
+        t = constrain(t, constraint)
+        if d is not None:
+            same = int(d.vocab_size) == t.vocab_size and d.eos == t.eos
+            d = constrain(d, constraint, t.automaton if same else None)
+    return t, t if d is None else d
 
 
 def _is_network(model: Any) -> bool:

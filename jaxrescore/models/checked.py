@@ -37,8 +37,12 @@ def own_rows(model, method: str = "next_logprobs") -> bool:
     """Whether ``model``'s ``method`` (``next_logprobs``, or another row method such as
     ``next_logprobs_above``) is this package's own (so its rows need no check): its class's method
     is defined in :mod:`jaxrescore.models`, and for a prompted model its base's is too. A subclass
-    that overrides it is a foreign model."""
+    that overrides it is a foreign model. A model that checks its base's rows itself before
+    reading them (:class:`~jaxrescore.constraints.ConstrainedModel`, whose rows are masked and so
+    no longer sum to 1) answers for its own."""
     fn = getattr(type(model), method, None)
+    if getattr(fn, "checks_base_rows", False):
+        return True
     if not getattr(fn, "__module__", "").startswith("jaxrescore.models."):
         return False
     base = getattr(model, "base", None)

@@ -182,7 +182,11 @@ def _split_prompt(model):
 
 
 def model_decoder(model) -> Decoder | None:
-    """The incremental forward of ``model`` (a JAX model, or a prompted one), or None."""
+    """The incremental forward of ``model`` (a JAX model, or a prompted one), or None; None too
+    for a wrapper that declares ``incremental = False`` (its rows are not its base's: a
+    :class:`~jaxrescore.constraints.ConstrainedModel`)."""
+    if getattr(model, "incremental", True) is False:
+        return None
     base, _ = _split_prompt(model)
     make = getattr(base, "decoder", None)
     return make() if callable(make) else None

@@ -20,6 +20,7 @@ from jaxrescore._checks import check_bool, check_int
 from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
 from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.answer import decide_proofs, results, run_core
+from jaxrescore.rescore.constrained import constrained_index
 from jaxrescore.rescore.core import GapCarry
 from jaxrescore.rescore.draft import DraftView, SpeculativeDraft
 from jaxrescore.rescore.processes import agree, model_identity, query_arguments
@@ -102,20 +103,12 @@ class RescoredIndex:
             f"target_calls={self.target_calls}, target_sequences={self.target_sequences})"
         )
 
-    @property
-    def carry(self) -> GapCarry:
-        """The running diagnostics: the core's carry after the last call (host scalars)."""
-        return self._carry
-
-    @property
-    def gap(self) -> float:
-        """Running max observed ``|target - draft|`` over everything rescored so far."""
-        return float(self._carry.max_gap)
-
-    @property
-    def excess(self) -> float:
-        """Running max observed ``target - draft`` over everything rescored so far."""
-        return float(self._carry.max_excess)
+    carry = property(lambda self: self._carry,
+                     doc="The running diagnostics: the core's carry after the last call (host scalars).")
+    gap = property(lambda self: float(self._carry.max_gap),
+                   doc="Running max observed ``|target - draft|`` over everything rescored so far.")
+    excess = property(lambda self: float(self._carry.max_excess),
+                      doc="Running max observed ``target - draft`` over everything rescored so far.")
 
     @property
     def target_calls(self) -> int:
@@ -134,7 +127,7 @@ class RescoredIndex:
 
     def top_k(self, k: int, *, prove: bool = False, until_certified: bool = False,
               max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None,
-              max_seconds: float | None = None) -> RescoreResult:
+              max_seconds: float | None = None, constraint: Any = None) -> RescoreResult:
         """The ``k`` best sequences by TARGET score among the ``k + rerank_window`` draft head.
 
         Args:
@@ -151,21 +144,23 @@ class RescoredIndex:
           max_seconds: wall-clock seconds allowed to a search (checked before each round), > 0,
             or None (default: no limit). Not with several processes (each would stop at its
             own time).
+          constraint: None, or a :mod:`jaxrescore.constraints` constraint: the query then runs
+            over both models restricted to it (see :mod:`jaxrescore.rescore.constrained`).
 
         A search that stops at a budget returns its answer so far with ``proven=False`` and a
         ``proof_reason`` naming the budget.
         """
         return self.slice(0, k, prove=prove, until_certified=until_certified, max_rounds=max_rounds,
-                          max_sequences=max_sequences, max_seconds=max_seconds)
+                          max_sequences=max_sequences, max_seconds=max_seconds, constraint=constraint)
 
     def slice(self, start: int, k: int, *, prove: bool = False, until_certified: bool = False,
               max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None,
-              max_seconds: float | None = None) -> RescoreResult:
+              max_seconds: float | None = None, constraint: Any = None) -> RescoreResult:
         """Target-reranked ``[start, start + k)`` slice of the pulled ``start + k + rerank_window``
         head; the verdicts cover whether an unpulled sequence could belong in or before it.
-        ``prove``, ``until_certified`` and the budgets are as in :meth:`top_k`."""
+        ``prove``, ``until_certified``, the budgets and ``constraint`` are as in :meth:`top_k`."""
         return self.sweep([start], [k], prove=prove, until_certified=until_certified, max_rounds=max_rounds,
-                          max_sequences=max_sequences, max_seconds=max_seconds)[0]
+                          max_sequences=max_sequences, max_seconds=max_seconds, constraint=constraint)[0]
 
     def unrank(self, i: int) -> RescoreResult:
         """The target-reranked rank-``i`` item: ``slice(i, 1)``."""
@@ -173,8 +168,8 @@ class RescoredIndex:
 
     def sweep(self, starts: Sequence[int], ks: Sequence[int], rerank_windows: Sequence[int] | None = None,
               assumed_gaps: Sequence[float | None] | None = None, *, prove: bool = False,
-              until_certified: bool = False, max_rounds: int = DEFAULT_MAX_ROUNDS,
-              max_sequences: int | None = None, max_seconds: float | None = None) -> list[RescoreResult]:
+              until_certified: bool = False, max_rounds: int = DEFAULT_MAX_ROUNDS, max_sequences: int | None = None,
+              max_seconds: float | None = None, constraint: Any = None) -> list[RescoreResult]:
         """Many queries at once: ONE pull of the largest extent, ONE target call, ONE vmapped core
         call and ONE vmapped proof check. Result ``q`` equals what a fresh index with window
         ``rerank_windows[q]`` (default this index's) and gap ``assumed_gaps[q]`` (default this
@@ -182,7 +177,11 @@ class RescoredIndex:
         every query's ``gap``, ``excess`` and certificate see every sequence scored in the sweep's
         one call (and earlier on this index), so no query certifies against evidence that call
         holds. ``prove`` and ``until_certified`` search once for the widest query (every query
-        then covers every sequence scored), with the budgets of :meth:`top_k`."""
+        then covers every sequence scored), with the budgets and ``constraint`` of :meth:`top_k`."""
+        if constraint is not None:
+            return constrained_index(self, constraint).sweep(
+                starts, ks, rerank_windows, assumed_gaps, prove=prove, until_certified=until_certified,
+                max_rounds=max_rounds, max_sequences=max_sequences, max_seconds=max_seconds)
         queries = make_queries(starts, ks, rerank_windows, assumed_gaps, self.rerank_window, self.assumed_gap)
         mode = make_mode(prove, until_certified, max_rounds, max_sequences, queries, max_seconds)
         # several processes (jax.distributed): each must ask this same query, checked first

@@ -1,0 +1,214 @@
+"""A model restricted to the sequences a constraint accepts: what a constrained proof runs on.
+
+``ConstrainedModel(base, constraint)`` keeps the base's numbers on every allowed step and gives
+every other step ``-inf``: its support is the base's sequences that satisfy the constraint, each
+scored exactly as the base scores it (unnormalised: the allowed steps are not renormalised). Every
+proof rule of :mod:`jaxrescore.rescore.frontier` then holds unchanged: a step still costs >= 0
+nats, and a position's named top-m still bounds every token it does not name. So the proven top-k
+of a constrained model IS the exact top-k among the base's sequences under the constraint, and a
+draft wrapped the same way never speculates or indexes a path the constraint refuses.
+
+Which steps are allowed, at position ``j`` of a sequence (``j`` tokens generated, state ``s`` of
+the constraint's automaton after them):
+
+- a token ``t != eos`` when ``next_state[s, t] >= 0`` and an accepted sequence still fits after
+  it: ``j + 1 + steps_to_accept[next] (+ 1 for eos) <= max_len``;
+- ``eos`` when ``s`` is accepting; for a fixed-length model (no eos) the last token must lead
+  to an accepting state (the fit rule above with nothing left).
+
+The base's per-position top-m is re-read under the constraint: refused tokens are dropped, and
+when allowed tokens remain that the base did not name, one of them is named with the base's
+smallest named value (every unnamed token is below it), so "every unnamed token is at most the
+smallest named value" still holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrescore.constraints.automaton import TokenAutomaton, run
+from jaxrescore.constraints.kinds import Constraint
+from jaxrescore.models.checked import model_rows
+from jaxrescore.models.scores import FrontierScores, shift_left
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+from jaxrescore.typing import ArrayLike, Sequences
+
+# Positions re-read per block when a named top-m needs an unnamed allowed token (bounds the
+# bool[positions, V] block: 256 x 49,152 is 12 MiB).
+_BLOCK = 256
+
+
+class ConstrainedModel:
+    """``base`` restricted to the sequences ``constraint`` accepts (see the module docstring).
+
+    Args:
+      base: any model (a prompted one constrains its continuations).
+      constraint: a :class:`~jaxrescore.constraints.kinds.Constraint`.
+      automaton: the constraint compiled for ``base`` (default: compiled now).
+    """
+
+    def __init__(self, base: Any, constraint: Constraint, automaton: TokenAutomaton | None = None):
+        if not isinstance(constraint, Constraint):
+            raise TypeError(
+                f"constraint must be a jaxrescore.constraints constraint (Length, Regex, OneOf, or their &), "
+                f"got {type(constraint).__name__}"
+            )
+        self.base = base
+        self.constraint = constraint
+        self.automaton = constraint.automaton(base) if automaton is None else automaton
+        if self.automaton.next_state.shape[1] != int(base.vocab_size):
+            raise ValueError(
+                f"the constraint's automaton covers {self.automaton.next_state.shape[1]} tokens, the model "
+                f"{int(base.vocab_size)}"
+            )
+
+    def __repr__(self) -> str:
+        return f"ConstrainedModel(base={self.base!r}, constraint={self.constraint!r})"
+
+    # Its rows are not the base's: no decoding session over the base's caches may answer for it.
+    incremental = False
+    vocab_size = property(lambda self: int(self.base.vocab_size))
+    eos = property(lambda self: self.base.eos)
+    max_len = property(lambda self: int(self.base.max_len))
+    prompt = property(lambda self: tuple(getattr(self.base, "prompt", ())), doc="The base's prompt (or ()).")
+    score_tolerance = property(lambda self: getattr(self.base, "score_tolerance", None))
+    vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
+    tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))
+
+    # -- which steps are allowed ---------------------------------------------------------------
+
+    def _room(self, position):
+        """Tokens an accepted sequence may still take after a token at ``position`` (before its
+        eos, for a terminating model)."""
+        return self.max_len - np.asarray(position, np.int64) - 1 - (self.eos is not None)
+
+    def allowed(self, states: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """bool[...]: whether ``tokens`` (broadcast against ``states``/``positions[...,None]``
+        as the caller shapes them) are allowed in ``states`` (-1: none is) at ``positions``."""
+        a = self.automaton
+        s = np.asarray(states, np.int64)
+        toks = np.asarray(tokens, np.int64)
+        if a.empty:  # nothing is accepted: no step is allowed
+            return np.zeros(np.broadcast_shapes(s.shape, toks.shape, np.shape(positions)), bool)
+        live = s >= 0
+        safe_s = np.maximum(s, 0)
+        inside = (toks >= 0) & (toks < self.vocab_size)
+        nxt = a.next_state[safe_s, np.clip(toks, 0, self.vocab_size - 1)].astype(np.int64)
+        fits = a.steps_to_accept[np.maximum(nxt, 0)] <= self._room(positions)
+        ok = live & inside & (nxt >= 0) & fits
+        if self.eos is not None:
+            ok |= live & (toks == self.eos) & a.accepting[safe_s]
+        return ok
+
+    def states(self, tokens: np.ndarray, lengths: np.ndarray, start_at=None) -> np.ndarray:
+        """int32[N, T + 1]: the automaton's state before each position (-1 once a refused step
+        was taken), each row from ``start_at[i]`` (default 0)."""
+        tokens = np.asarray(tokens, np.int64)
+        lengths = np.asarray(lengths, np.int64)
+        begin = np.zeros(tokens.shape[0], np.int64) if start_at is None else np.asarray(start_at, np.int64)
+        states = run(self.automaton, tokens, lengths, self.eos, begin).astype(np.int64)
+        if tokens.shape[1]:
+            pos = np.arange(tokens.shape[1])[None, :] - begin[:, None]
+            ok = self.allowed(states[:, :-1], pos, tokens)
+            real = (pos >= 0) & (np.arange(tokens.shape[1])[None, :] < lengths[:, None])
+            # a refused step kills the row from there on
+            dead = np.cumsum(real & ~ok, axis=1) > 0
+            states[:, 1:] = np.where(dead, -1, states[:, 1:])
+        return states
+
+    def _row_mask(self, states: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """bool[B, V]: the allowed tokens after prefixes in ``states: int[B]`` at ``positions``."""
+        return self.allowed(states[:, None], np.asarray(positions)[:, None], np.arange(self.vocab_size)[None, :])
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
+        """``float32[B, V]``: the base's rows with every refused token at ``-inf``.
+
+        Args:
+          prefixes: int32[B, T] (left-aligned), lengths: int32[B].
+        """
+        prefixes = np.asarray(prefixes, np.int32)
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        rows = np.array(model_rows(self.base, prefixes, lengths.astype(np.int32), "constraint's base"), np.float32)
+        states = self.states(prefixes, lengths)[np.arange(lengths.size), lengths]
+        return np.where(self._row_mask(states, lengths), rows, -np.inf).astype(np.float32)
+
+    next_logprobs.checks_base_rows = True  # see jaxrescore.models.checked.own_rows
+
+    def score_sequences(self, seqs: Sequences, *, skip: ArrayLike | None = None) -> np.ndarray:
+        """``float64[N]``: the base's scores, ``-inf`` for a sequence the constraint refuses
+        (from the step after ``skip[i]`` leading tokens on: they are context)."""
+        batch = as_sequence_batch(seqs)
+        scores = np.array(self.base.score_sequences(batch, skip=skip) if skip is not None
+                          else self.base.score_sequences(batch), np.float64)
+        return np.where(self._accepted(batch, skip), scores, -np.inf)
+
+    def _accepted(self, batch: SequenceBatch, skip) -> np.ndarray:
+        """bool[N]: rows whose every step is allowed (a whole sequence's last one included)."""
+        states = self.states(batch.tokens, batch.lengths, skip)
+        return states[np.arange(batch.size), batch.lengths] >= 0
+
+    def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
+        """The base's ``score_frontier`` re-read under the constraint (see the module docstring):
+        refused steps ``-inf`` (so is their sequence's score), refused tokens out of each
+        position's top-m, ``eos`` only where it is allowed."""
+        batch = as_sequence_batch(seqs)
+        fs = self.base.score_frontier(batch, top_m=top_m, **({} if skip is None else {"skip": skip}))
+        n, w = fs.steps.shape
+        begin = np.zeros(n, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(n)
+        toks = shift_left(batch.tokens.astype(np.int64), begin, -1)[:, :w] if w else np.zeros((n, 0), np.int64)
+        if toks.shape[1] < w:  # a forward padded wider than the rows
+            toks = np.pad(toks, ((0, 0), (0, w - toks.shape[1])), constant_values=-1)
+        lens = np.maximum(batch.lengths - begin, 0)
+        # positions count generated tokens: a skipped prefix is context (the prompt's tokens)
+        states = self.states(toks, lens)
+        pos = np.broadcast_to(np.arange(w)[None, :], (n, w))
+        real = pos < lens[:, None]
+        step_ok = self.allowed(states[:, :w], pos, toks) | ~real
+        dead = np.cumsum(~step_ok, axis=1) > 0
+        steps = np.where(dead, -np.inf, fs.steps)
+        at = states[:, :w]
+        top_lps, top_ids = self._named(at, pos, fs.top_lps, fs.top_ids)
+        eos_lps = fs.eos_lps
+        if self.eos is not None:
+            eos_ok = self.allowed(at, pos, np.full_like(at, self.eos))
+            eos_lps = np.where(eos_ok, eos_lps, -np.inf).astype(np.float32)
+        scores = np.where(dead.any(axis=1), -np.inf, fs.scores)
+        return FrontierScores(scores, steps, top_lps, top_ids, eos_lps)
+
+    def _named(self, states, pos, top_lps, top_ids):
+        """Each position's top-m under the constraint (see the module docstring)."""
+        vals = np.asarray(top_lps, np.float32)
+        ids = np.asarray(top_ids, np.int64)
+        n, w, m = vals.shape
+        ok = self.allowed(states[:, :, None], pos[:, :, None], ids) & np.isfinite(vals)
+        out = np.where(ok, vals, -np.inf).astype(np.float32)
+        if m >= self.vocab_size:  # whole rows: nothing is unnamed
+            return out, ids.astype(np.int32)
+        floor = np.min(np.where(np.isfinite(vals), vals, np.inf), axis=2)  # the base's bound on the unnamed
+        need = (~ok).any(axis=2) & np.isfinite(floor) & (states >= 0)
+        ii, jj = np.nonzero(need)
+        out_ids = ids.copy()
+        for lo in range(0, ii.size, _BLOCK):
+            i, j = ii[lo:lo + _BLOCK], jj[lo:lo + _BLOCK]
+            mask = self._row_mask(states[i, j], pos[i, j])
+            named = np.zeros_like(mask)
+            np.put_along_axis(named, ids[i, j], True, axis=1)
+            spare = mask & ~named
+            has = spare.any(axis=1)
+            slot = np.argmax(~ok[i, j], axis=1)  # a dropped slot takes the stand-in
+            i, j, slot = i[has], j[has], slot[has]
+            out[i, j, slot] = floor[i, j]
+            out_ids[i, j, slot] = np.argmax(spare[has], axis=1)
+        order = np.argsort(-out, axis=2, kind="stable")  # descending, as a base names them
+        return np.take_along_axis(out, order, axis=2), np.take_along_axis(out_ids, order, axis=2).astype(np.int32)
+
+
+def constrain(model: Any, constraint: Constraint | None, automaton: TokenAutomaton | None = None) -> Any:
+    """``model`` under ``constraint`` (a :class:`ConstrainedModel`), or ``model`` itself for None."""
+    if constraint is None:
+        return model
+    return ConstrainedModel(model, constraint, automaton)
