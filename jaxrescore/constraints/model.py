@@ -31,7 +31,9 @@ import numpy as np
 from jaxrescore.constraints.automaton import TokenAutomaton, run
 from jaxrescore.constraints.kinds import Constraint
 from jaxrescore.models.checked import model_rows
+from jaxrescore.models.decoding import decoding_session
 from jaxrescore.models.scores import FrontierScores, shift_left
+from jaxrescore.models.teacher import TeacherForced
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
 
@@ -67,7 +69,8 @@ class ConstrainedModel:
     def __repr__(self) -> str:
         return f"ConstrainedModel(base={self.base!r}, constraint={self.constraint!r})"
 
-    # Its rows are not the base's: no decoding session over the base's caches may answer for it.
+    # Its rows are not the base's: no session over the base's caches answers for it unmasked
+    # (decoding.model_decoder); decoding_session gives the masked one.
     incremental = False
     vocab_size = property(lambda self: int(self.base.vocab_size))
     eos = property(lambda self: self.base.eos)
@@ -157,27 +160,37 @@ class ConstrainedModel:
         position's top-m, ``eos`` only where it is allowed."""
         batch = as_sequence_batch(seqs)
         fs = self.base.score_frontier(batch, top_m=top_m, **({} if skip is None else {"skip": skip}))
-        n, w = fs.steps.shape
-        begin = np.zeros(n, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(n)
-        toks = shift_left(batch.tokens.astype(np.int64), begin, -1)[:, :w] if w else np.zeros((n, 0), np.int64)
-        if toks.shape[1] < w:  # a forward padded wider than the rows
-            toks = np.pad(toks, ((0, 0), (0, w - toks.shape[1])), constant_values=-1)
-        lens = np.maximum(batch.lengths - begin, 0)
+        begin = np.zeros(batch.size, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(batch.size)
         # positions count generated tokens: a skipped prefix is context (the prompt's tokens)
-        states = self.states(toks, lens)
-        pos = np.broadcast_to(np.arange(w)[None, :], (n, w))
-        real = pos < lens[:, None]
-        step_ok = self.allowed(states[:, :w], pos, toks) | ~real
-        dead = np.cumsum(~step_ok, axis=1) > 0
-        steps = np.where(dead, -np.inf, fs.steps)
-        at = states[:, :w]
-        top_lps, top_ids = self._named(at, pos, fs.top_lps, fs.top_ids)
+        toks = shift_left(batch.tokens.astype(np.int64), begin, -1)
+        return self.reread(fs, toks, np.maximum(batch.lengths - begin, 0), np.zeros(batch.size, np.int64))
+
+    def reread(self, fs: FrontierScores, tokens: np.ndarray, lengths: np.ndarray, first: np.ndarray) -> FrontierScores:
+        """``fs`` (the base's numbers of positions ``first[i] + w`` of rows ``tokens: int[N, T]``
+        of ``lengths: int[N]``, left-aligned) under the constraint."""
+        n, w = fs.steps.shape
+        tokens = np.asarray(tokens, np.int64)
+        states = self.states(tokens, lengths)
+        cols = np.asarray(first, np.int64)[:, None] + np.arange(w)[None, :]
+        inside = cols < tokens.shape[1]
+        pos = np.minimum(cols, max(tokens.shape[1] - 1, 0))
+        at = np.where(inside, np.take_along_axis(states, np.minimum(cols, tokens.shape[1]), axis=1), -1)
+        toks = np.where(inside, np.take_along_axis(tokens, pos, axis=1) if tokens.shape[1] else -1, -1)
+        real = cols < np.asarray(lengths)[:, None]
+        step_ok = self.allowed(at, cols, toks) | ~real
+        steps = np.where(np.cumsum(~step_ok, axis=1) > 0, -np.inf, fs.steps)
+        top_lps, top_ids = self._named(at, cols, fs.top_lps, fs.top_ids)
         eos_lps = fs.eos_lps
         if self.eos is not None:
-            eos_ok = self.allowed(at, pos, np.full_like(at, self.eos))
-            eos_lps = np.where(eos_ok, eos_lps, -np.inf).astype(np.float32)
-        scores = np.where(dead.any(axis=1), -np.inf, fs.scores)
-        return FrontierScores(scores, steps, top_lps, top_ids, eos_lps)
+            eos_lps = np.where(self.allowed(at, cols, np.full_like(at, self.eos)), eos_lps, -np.inf).astype(np.float32)
+        refused = states[np.arange(n), np.asarray(lengths)] < 0
+        return FrontierScores(np.where(refused, -np.inf, fs.scores), steps, top_lps, top_ids, eos_lps)
+
+    def decoding_session(self, *, max_bytes: int | None = None):
+        """A :class:`ConstrainedSession` over the base's decoding session (its key/value caches),
+        or None when the base decodes no rows incrementally."""
+        inner = decoding_session(self.base, max_bytes=max_bytes)
+        return None if inner is None else ConstrainedSession(self, inner)
 
     def _named(self, states, pos, top_lps, top_ids):
         """Each position's top-m under the constraint (see the module docstring)."""
@@ -205,6 +218,35 @@ class ConstrainedModel:
             out_ids[i, j, slot] = np.argmax(spare[has], axis=1)
         order = np.argsort(-out, axis=2, kind="stable")  # descending, as a base names them
         return np.take_along_axis(out, order, axis=2), np.take_along_axis(out_ids, order, axis=2).astype(np.int32)
+
+
+class ConstrainedSession:
+    """A base model's :class:`~jaxrescore.models.decoding.DecodingSession` read under a
+    constraint: the rows and teacher-forced numbers of :class:`ConstrainedModel` over held
+    key/value caches. Counters and cache control (``positions``, ``calls``, ``clear``...) are
+    the inner session's."""
+
+    def __init__(self, model: ConstrainedModel, inner: Any):
+        self.model, self.inner = model, inner
+        self.vocab_size, self.eos, self.max_len = model.vocab_size, model.eos, model.max_len
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
+        """``float32[B, V]``: the inner session's rows, refused tokens at ``-inf``."""
+        prefixes = np.asarray(prefixes, np.int32)
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        rows = np.asarray(self.inner.next_logprobs(prefixes, lengths), np.float32)
+        states = self.model.states(prefixes, lengths)[np.arange(lengths.size), lengths]
+        return np.where(self.model._row_mask(states, lengths), rows, -np.inf).astype(np.float32)
+
+    def teacher_force(self, rows: Sequences, known: ArrayLike, top_m: int) -> TeacherForced:
+        """The inner session's ``teacher_force`` re-read under the constraint."""
+        out = self.inner.teacher_force(rows, known, top_m)
+        batch = as_sequence_batch(rows)
+        first = np.asarray(known, np.int64).reshape(batch.size)
+        return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, first), out.positions)
 
 
 def constrain(model: Any, constraint: Constraint | None, automaton: TokenAutomaton | None = None) -> Any:

@@ -558,6 +558,9 @@ def decoding_session(model: Any, *, max_bytes: int | None = None) -> DecodingSes
       model: any model.
       max_bytes: the most bytes of row caches to hold (None: :func:`default_cache_bytes`).
     """
+    own = getattr(model, "decoding_session", None)
+    if callable(own):  # a wrapper that reads its base's session its own way (a constrained model)
+        return own(max_bytes=max_bytes)
     try:
         if model_decoder(model) is None:
             return None
