@@ -83,6 +83,17 @@ def _k(text: str) -> int:
     return k
 
 
+def _regex(text: str) -> str:
+    """``--regex``: a pattern jaxrescore.constraints.Regex compiles (checked before any work)."""
+    from jaxrescore.constraints import Regex
+
+    try:
+        Regex(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_k, default=DEFAULT_K, help=f"how many sequences, 1 to {MAX_K} (default {DEFAULT_K})")
     p.add_argument(
@@ -135,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         "above the answers, plus a 1-nat margin; an assumption, not a proof)",
     )
     p.add_argument("--prefix", default="", help="only names starting with this (lowercase a-z)")
+    p.add_argument(
+        "--regex", type=_regex, default=None,
+        help="only names (after --prefix) fully matching this regular expression, e.g. 'ma[a-z]*a': "
+        "proven among those names (no gap-certified query then)",
+    )
     p.add_argument(
         "--target", type=Path, default=None,
         help="target weights (default: shipped; e.g. the file 'jaxrescore train' wrote)",
@@ -266,7 +282,7 @@ def _run(args, status: Status) -> int:
         return 0
     if args.command == "demo":
         result = names.run_demo(
-            k=args.k, window=args.window, gap=args.gap, prefix=args.prefix, target_path=args.target,
+            k=args.k, window=args.window, gap=args.gap, prefix=args.prefix, regex=args.regex, target_path=args.target,
             progress=status.enabled, on_stage=status, on_answer=show_answer(report.format_demo_answer),
         )
         details = report.format_demo_details

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import re
+
 import numpy as np
 import pytest
 
@@ -101,9 +103,20 @@ def test_demo_prefix(capsys):
     assert out["items"][0]["target_log_prob"] > -4
 
 
+def test_demo_regex_is_proven_among_the_matching_names(capsys):
+    out = run_json(capsys, "demo", "--json", "--k", "5", "--regex", "ma[a-z]*a")
+    texts = [i["text"] for i in out["items"]]
+    assert len(texts) == 5 and all(re.fullmatch("ma[a-z]*a", t) for t in texts)
+    assert out["proven"] is True and out["exact_best_first"]["same_answer"] is True
+    assert out["regex"] == "ma[a-z]*a" and out["gap_certified"] is None
+    assert main(["demo", "--k", "3", "--regex", "ma[a-z]*a"]) == 0
+    assert "matching 'ma[a-z]*a'" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, fragment",
     [
+        (["demo", "--regex", "(ma"], "argument --regex: pattern '(ma' is not a regex"),
         (["demo", "--k", "0"], "argument --k: expected an integer from 1 to 1000"),
         (["demo", "--k", "1000000000"], "argument --k: expected an integer from 1 to 1000"),
         (["enumerate", "--target", "x", "--draft", "y", "--k", "1001"], "argument --k: expected an integer from 1 to 1000"),

@@ -176,7 +176,8 @@ def _char_automaton(pattern: str):
     try:
         return interegular.parse_pattern(pattern).to_fsm()
     except Exception as err:  # its parse errors have several types
-        raise ValueError(f"pattern {pattern!r} is not a regex a finite automaton can match: {err}") from None
+        why = str(err) or type(err).__name__  # its InvalidSyntax carries no message
+        raise ValueError(f"pattern {pattern!r} is not a regex a finite automaton can match ({why})") from None
 
 
 def _walk(fsm, state, piece: str):

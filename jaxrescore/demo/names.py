@@ -13,9 +13,11 @@ estimate from a finite sample: the output always says so.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Callable
 
+from jaxrescore.constraints import ConstrainedModel, Regex
 from jaxrescore.data.names import decode, encode, load_names, name_ranks
 from jaxrescore.data.names_models import names_draft, names_target
 from jaxrescore.demo.args import check_flag, check_prefix, check_query, load_model_file
@@ -31,6 +33,7 @@ def run_demo(
     window: int | None = None,
     gap: float | None = None,
     prefix: str = "",
+    regex: str | None = None,
     target_path: str | os.PathLike | None = None,
     progress: bool = True,
     measure_exact: bool = True,
@@ -50,6 +53,11 @@ def run_demo(
         ``estimate_top_gap`` plus ``GAP_MARGIN``.
       prefix: only names starting with it (both models are prompted with it; log-probs are then
         conditional on the prefix).
+      regex: only names whose letters (after ``prefix``) fully match this regular expression: a
+        :class:`~jaxrescore.constraints.Regex` constraint on both models, so the answer is
+        PROVEN the target's top-k among the names that match (and best-first prunes by it
+        too); the gap-certified query is then not run (its gap estimate samples the
+        unconstrained models).
       target_path: target weights (default: the shipped ones).
       progress: show the draft index's progress bar.
       measure_exact: also run the exact best-first search over the target.
@@ -75,7 +83,8 @@ def run_demo(
     k, window, gap = check_query(k, window, gap)
     prompt = check_prefix(prefix)
     progress, measure_exact = check_flag(progress, "progress"), check_flag(measure_exact, "measure_exact")
-    certify = check_flag(certify, "certify")
+    certify = check_flag(certify, "certify") and regex is None
+    constraint = None if regex is None else _regex(regex)
     stage = on_stage or (lambda text: None)
     start = time.perf_counter()
     stage("loading the target and fitting the draft")
@@ -83,6 +92,9 @@ def run_demo(
     draft = names_draft()
     if prompt:
         target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
+    if constraint is not None:
+        target = ConstrainedModel(target, constraint)
+        draft = ConstrainedModel(draft, constraint, target.automaton)
     stage(f"building the draft index and proving the top {k}")
     index = draft_index(draft, progress)
     proof = proven_top_k(index, target, k, window)
@@ -90,7 +102,8 @@ def run_demo(
     answer = [s for s, _ in result.items]
     ranks = name_ranks()
     texts = [prefix + decode(seq) for seq in answer]
-    true_top = [n for n, _ in load_names() if n.startswith(prefix)][:k]
+    true_top = [n for n, _ in load_names() if n.startswith(prefix)
+                and (regex is None or re.fullmatch(regex, n[len(prefix):]) is not None)][:k]
     out = {
         "items": [
             {"text": text, "target_log_prob": lp, "draft_log_prob": finite_or_none(dlp), "birth_rank": ranks.get(text)}
@@ -100,6 +113,7 @@ def run_demo(
         **proof,
         "k": k,
         "prefix": prefix,
+        "regex": regex,
     }
     if on_answer is not None:
         on_answer(dict(out))
@@ -119,6 +133,14 @@ def run_demo(
         seconds=time.perf_counter() - start,
     )
     return out
+
+
+def _regex(pattern) -> Regex:
+    """``pattern`` as a Regex constraint; ValueError naming ``regex`` otherwise."""
+    try:
+        return Regex(pattern)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"regex: {err}") from None
 
 
 def _gap_run(index, draft, target, k, window, gap, prefix, answer) -> dict:

@@ -103,6 +103,8 @@ def format_demo_answer(out: dict) -> str:
     """The proven answer: the names table, the overlap with the commonest names and the proof
     (what ``on_answer`` of ``names.run_demo`` receives is enough)."""
     cond = f" starting with {out['prefix']!r}" if out["prefix"] else ""
+    if out.get("regex") is not None:
+        cond += f" matching {out['regex']!r}"
     lines = _wrapped([
         f"top {out['k']} US first names{cond} under a character transformer (target), found through "
         f"a character {DRAFT_ORDER}-gram (draft)",
