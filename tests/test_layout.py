@@ -13,6 +13,7 @@ MAX_LINES = 600
 LAYERS = [
     {"_checks", "_version", "quantize", "sequences", "typing", "files", "compilation_cache"},
     {"models"},
+    {"constraints"},  # automata over a model's tokens, and models restricted by them
     {"index", "rescore", "baselines", "data"},
     {"quick", "demo"},
     {"cli"},

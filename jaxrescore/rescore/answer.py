@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxrescore.models.mesh import to_host
+from jaxrescore.models.text import codec_of
 from jaxrescore.rescore.core import (
     CERT_NONE,
     CERT_TRUE,
@@ -163,3 +165,11 @@ def certificate_reason(q: Query, items: list, why: int, bound: DraftBound | None
         f"worst returned target log-prob {worst:.6g} {verb} bound {bound.value:.6g} + assumed_gap "
         f"{q.gap:.6g} + the target's score tolerance {tolerance:g} = {need:.6g} (bound from {bound.why})"
     )
+
+
+def item_texts(target: Any, items: list) -> list | None:
+    """The items as text with ``target``'s codec, each after its prompt (as a ``generate``
+    returns it); None when the target has no codec."""
+    codec = codec_of(target)
+    prompt = tuple(getattr(target, "prompt", ()))
+    return None if codec is None else [codec.decode(prompt + tuple(seq)) for seq, _ in items]

@@ -10,6 +10,7 @@ exact top-k, with no assumption; ``prove=True`` searches until it is.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any, Sequence
@@ -18,8 +19,7 @@ import numpy as np
 
 from jaxrescore._checks import check_bool, check_int
 from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
-from jaxrescore.models.text import codec_of
-from jaxrescore.rescore.answer import decide_proofs, results, run_core
+from jaxrescore.rescore.answer import decide_proofs, item_texts, results, run_core
 from jaxrescore.rescore.constrained import constrained_index
 from jaxrescore.rescore.core import GapCarry
 from jaxrescore.rescore.draft import DraftView, SpeculativeDraft
@@ -105,10 +105,16 @@ class RescoredIndex:
 
     carry = property(lambda self: self._carry,
                      doc="The running diagnostics: the core's carry after the last call (host scalars).")
-    gap = property(lambda self: float(self._carry.max_gap),
-                   doc="Running max observed ``|target - draft|`` over everything rescored so far.")
-    excess = property(lambda self: float(self._carry.max_excess),
-                      doc="Running max observed ``target - draft`` over everything rescored so far.")
+
+    @property
+    def gap(self) -> float:
+        """Running max observed ``|target - draft|`` over everything rescored so far."""
+        return float(self._carry.max_gap)
+
+    @property
+    def excess(self) -> float:
+        """Running max observed ``target - draft`` over everything rescored so far."""
+        return float(self._carry.max_excess)
 
     @property
     def target_calls(self) -> int:
@@ -213,7 +219,7 @@ class RescoredIndex:
             proofs = decide_proofs(queries, out, scored, rows)
         self._carry = carry
         self._positions += scored.positions
-        return results(queries, out, scored, rows, bounds, proofs, rounds, self._texts)
+        return results(queries, out, scored, rows, bounds, proofs, rounds, functools.partial(item_texts, self.target))
 
     def complete(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> list:
         """Speculated completions of exit prefixes (draft greedy; the target when no draft
@@ -237,10 +243,3 @@ class RescoredIndex:
         """The draft's log-probs ``float64[N]`` of sequences the search found (see
         :func:`~jaxrescore.rescore.target.draft_scores`)."""
         return draft_scores(self._draft_scorer, seqs)
-
-    def _texts(self, items: list) -> list | None:
-        """The items as text with the target's codec, each after its prompt (as a ``generate``
-        returns it); None when the target has no codec."""
-        codec = codec_of(self.target)
-        prompt = tuple(getattr(self.target, "prompt", ()))
-        return None if codec is None else [codec.decode(prompt + tuple(seq)) for seq, _ in items]
