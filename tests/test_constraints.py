@@ -72,8 +72,12 @@ KINDS = [
 ]
 
 
-@pytest.mark.parametrize("eos, vocab, max_len", [(0, 5, 5), (None, 4, 4), (4, 5, 4)])
-def test_proven_constrained_top_k_is_the_oracles(eos, vocab, max_len):
+@pytest.mark.parametrize("eos, vocab, max_len, top_m", [(0, 5, 5, 64), (None, 4, 4, 64), (4, 5, 4, 64),
+                                                        (0, 5, 5, 2), (None, 4, 4, 2), (4, 5, 4, 2),
+                                                        (0, 5, 5, 3), (4, 5, 4, 4)])
+def test_proven_constrained_top_k_is_the_oracles(eos, vocab, max_len, top_m):
+    """top_m < V: each position's named tokens are re-read under the constraint (refused ones
+    dropped, the bound on the unnamed kept, full rows read where no allowed one stays named)."""
     wrong = []
     for seed in range(2):
         table = TableModel(vocab, max_len, seed, eos=eos, temperature=2.0)
@@ -83,7 +87,8 @@ def test_proven_constrained_top_k_is_the_oracles(eos, vocab, max_len):
         for name, draft in drafts.items():
             for constraint, accepts in KINDS:
                 for prompt, index in (((), "auto"), ((1,), "seek" if draft is not None else "none")):
-                    r = jaxrescore.top_k(target, draft, 4, constraint=constraint, prompt=prompt or None, index=index)
+                    r = jaxrescore.top_k(target, draft, 4, constraint=constraint, prompt=prompt or None, index=index,
+                                         top_m=top_m)
                     want = oracle(table, accepts, 4, prompt)
                     if not (r.proven and same_answer(r, want)):
                         wrong.append((seed, name, constraint, prompt, r.proven, r.proof_reason, r.items, want))
@@ -97,14 +102,15 @@ def test_an_empty_constrained_support_is_proven_with_no_items():
 
 
 @given(seed=st.integers(0, 10_000), k=st.integers(1, 6), low=st.integers(0, 4), span=st.integers(0, 3),
-       choices=st.lists(st.lists(st.integers(1, 3), min_size=0, max_size=3), min_size=1, max_size=5))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_property_proven_implies_the_oracles_constrained_top_k(seed, k, low, span, choices):
+       choices=st.lists(st.lists(st.integers(1, 3), min_size=0, max_size=3), min_size=1, max_size=5),
+       top_m=st.sampled_from([1, 2, 3, 64]))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_property_proven_implies_the_oracles_constrained_top_k(seed, k, low, span, choices, top_m):
     table = TableModel(4, 4, seed, eos=0, temperature=2.5)
     draft = char_model(TableModel(4, 4, seed + 1, eos=0, base=table, noise=1.5))
     tuples = [tuple(c) for c in choices]
     constraint = Length(low, low + span) & (OneOf(tuples) if seed % 2 else Regex("[ma]*x?"))
-    r = jaxrescore.top_k(char_model(table), draft, k, constraint=constraint)
+    r = jaxrescore.top_k(char_model(table), draft, k, constraint=constraint, top_m=top_m)
 
     def accepts(g):
         inside = low <= len(g) <= low + span

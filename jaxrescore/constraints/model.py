@@ -32,7 +32,7 @@ from jaxrescore.constraints.automaton import TokenAutomaton, run
 from jaxrescore.constraints.kinds import Constraint
 from jaxrescore.models.checked import model_rows
 from jaxrescore.models.decoding import decoding_session
-from jaxrescore.models.scores import FrontierScores, shift_left
+from jaxrescore.models.scores import FrontierScores, host_top_m, shift_left
 from jaxrescore.models.teacher import TeacherForced
 from jaxrescore.sequences import SequenceBatch, as_sequence_batch
 from jaxrescore.typing import ArrayLike, Sequences
@@ -163,11 +163,18 @@ class ConstrainedModel:
         begin = np.zeros(batch.size, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(batch.size)
         # positions count generated tokens: a skipped prefix is context (the prompt's tokens)
         toks = shift_left(batch.tokens.astype(np.int64), begin, -1)
-        return self.reread(fs, toks, np.maximum(batch.lengths - begin, 0), np.zeros(batch.size, np.int64))
 
-    def reread(self, fs: FrontierScores, tokens: np.ndarray, lengths: np.ndarray, first: np.ndarray) -> FrontierScores:
+        def base_rows(rows, cols):  # the base's rows after continuation prefixes, context included
+            return model_rows(self.base, batch.tokens[rows], (begin[rows] + cols).astype(np.int32), "constraint's base")
+
+        return self.reread(fs, toks, np.maximum(batch.lengths - begin, 0), np.zeros(batch.size, np.int64), base_rows)
+
+    def reread(self, fs: FrontierScores, tokens: np.ndarray, lengths: np.ndarray, first: np.ndarray,
+               base_rows) -> FrontierScores:
         """``fs`` (the base's numbers of positions ``first[i] + w`` of rows ``tokens: int[N, T]``
-        of ``lengths: int[N]``, left-aligned) under the constraint."""
+        of ``lengths: int[N]``, left-aligned) under the constraint; ``base_rows(rows, cols)``
+        gives the base's full rows ``float32[P, V]`` after ``tokens[rows[p], :cols[p]]`` (see
+        :meth:`_named`)."""
         n, w = fs.steps.shape
         tokens = np.asarray(tokens, np.int64)
         states = self.states(tokens, lengths)
@@ -179,7 +186,7 @@ class ConstrainedModel:
         real = cols < np.asarray(lengths)[:, None]
         step_ok = self.allowed(at, cols, toks) | ~real
         steps = np.where(np.cumsum(~step_ok, axis=1) > 0, -np.inf, fs.steps)
-        top_lps, top_ids = self._named(at, cols, fs.top_lps, fs.top_ids)
+        top_lps, top_ids = self._named(at, cols, fs.top_lps, fs.top_ids, base_rows)
         eos_lps = fs.eos_lps
         if self.eos is not None:
             eos_lps = np.where(self.allowed(at, cols, np.full_like(at, self.eos)), eos_lps, -np.inf).astype(np.float32)
@@ -192,30 +199,41 @@ class ConstrainedModel:
         inner = decoding_session(self.base, max_bytes=max_bytes)
         return None if inner is None else ConstrainedSession(self, inner)
 
-    def _named(self, states, pos, top_lps, top_ids):
-        """Each position's top-m under the constraint (see the module docstring)."""
+    def _named(self, states, pos, top_lps, top_ids, base_rows):
+        """Each position's top-m under the constraint (see the module docstring). A named value
+        is always the token's exact log-prob (a search reads held steps from them), and the
+        smallest one still bounds every unnamed allowed token: where refused tokens were dropped
+        and an allowed one stays named, every dropped slot names the smallest allowed one again
+        with the base's smallest named value (its first, exact entry is what a step reads; the
+        others restore the bound);
+        where none stays named, the position's full base row is read (``base_rows``) and its
+        top-m allowed tokens named."""
         vals = np.asarray(top_lps, np.float32)
         ids = np.asarray(top_ids, np.int64)
         n, w, m = vals.shape
         ok = self.allowed(states[:, :, None], pos[:, :, None], ids) & np.isfinite(vals)
         out = np.where(ok, vals, -np.inf).astype(np.float32)
-        if m >= self.vocab_size:  # whole rows: nothing is unnamed
-            return out, ids.astype(np.int32)
-        floor = np.min(np.where(np.isfinite(vals), vals, np.inf), axis=2)  # the base's bound on the unnamed
-        need = (~ok).any(axis=2) & np.isfinite(floor) & (states >= 0)
-        ii, jj = np.nonzero(need)
         out_ids = ids.copy()
+        if m >= self.vocab_size:  # whole rows: nothing is unnamed
+            return out, out_ids.astype(np.int32)
+        floor = np.min(np.where(np.isfinite(vals), vals, np.inf), axis=2)  # the base's bound on the unnamed
+        dropped = (~ok).any(axis=2) & np.isfinite(floor) & (states >= 0)
+        kept = ok.any(axis=2)
+        i, j = np.nonzero(dropped & kept)
+        last = m - 1 - np.argmax(ok[i, j, ::-1], axis=1)  # the smallest allowed named entry
+        # every dropped slot: the frontier reads the smallest of ALL m entries as the bound
+        fill = ~ok[i, j]
+        out[i, j] = np.where(fill, floor[i, j, None], out[i, j])
+        out_ids[i, j] = np.where(fill, ids[i, j, last][:, None], out_ids[i, j])
+        ii, jj = np.nonzero(dropped & ~kept)
         for lo in range(0, ii.size, _BLOCK):
             i, j = ii[lo:lo + _BLOCK], jj[lo:lo + _BLOCK]
-            mask = self._row_mask(states[i, j], pos[i, j])
-            named = np.zeros_like(mask)
-            np.put_along_axis(named, ids[i, j], True, axis=1)
-            spare = mask & ~named
-            has = spare.any(axis=1)
-            slot = np.argmax(~ok[i, j], axis=1)  # a dropped slot takes the stand-in
-            i, j, slot = i[has], j[has], slot[has]
-            out[i, j, slot] = floor[i, j]
-            out_ids[i, j, slot] = np.argmax(spare[has], axis=1)
+            mask = self._row_mask(states[i, j], pos[i, j])  # eos too: an exit like any token
+            some = mask.any(axis=1)
+            i, j, mask = i[some], j[some], mask[some]
+            if i.size:
+                rows = np.where(mask, np.asarray(base_rows(i, pos[i, j]), np.float32), -np.inf)
+                out[i, j], out_ids[i, j] = host_top_m(rows, m)
         order = np.argsort(-out, axis=2, kind="stable")  # descending, as a base names them
         return np.take_along_axis(out, order, axis=2), np.take_along_axis(out_ids, order, axis=2).astype(np.int32)
 
@@ -246,7 +264,11 @@ class ConstrainedSession:
         out = self.inner.teacher_force(rows, known, top_m)
         batch = as_sequence_batch(rows)
         first = np.asarray(known, np.int64).reshape(batch.size)
-        return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, first), out.positions)
+
+        def base_rows(idx, cols):  # cached rows of the inner session (counted in its positions)
+            return self.inner.next_logprobs(batch.tokens[idx], cols.astype(np.int32))
+
+        return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, first, base_rows), out.positions)
 
 
 def constrain(model: Any, constraint: Constraint | None, automaton: TokenAutomaton | None = None) -> Any:
