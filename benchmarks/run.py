@@ -49,6 +49,7 @@ SECTIONS = [
     ("multihost", "bench_multihost"),
     ("pretrained", "bench_pretrained"),
     ("real_lm", "bench_real_lm"),
+    ("constraints", "bench_constraints"),
 ]
 
 HEADER = """# Benchmarks
