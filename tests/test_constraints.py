@@ -137,6 +137,14 @@ def test_rescored_index_top_k_slice_and_sweep_take_a_constraint():
     assert plain.proven and same_answer(plain, oracle(table, lambda g: True, 3))
 
 
+def test_rescore_many_never_scores_constrained_targets_through_their_shared_base():
+    table = TableModel(5, 4, 1, eos=0)
+    base = char_model(table)
+    indexes = [RescoredIndex(SeekIndex(base), ConstrainedModel(base, c)) for c in (Regex("m.*"), Regex("x.*"))]
+    with pytest.raises(ValueError, match="constrained"):
+        jaxrescore.rescore_many(indexes, 2, prove=True)
+
+
 class PieceTokenizer:
     """A tokenizer whose tokens are multi-character pieces (decode concatenates them)."""
 

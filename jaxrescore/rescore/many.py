@@ -28,10 +28,13 @@ def _joint(indexes: Sequence[RescoredIndex]):
     if all(t is targets[0] for t in targets):
         return targets[0], [()] * len(targets)
     bases = [getattr(t, "base", None) for t in targets]
-    if bases[0] is None or any(b is not bases[0] or not hasattr(t, "prompt") for b, t in zip(bases, targets)):
+    # a constrained target's numbers are not its base's: it never shares the base's call
+    masked = any(getattr(t, "constraint", None) is not None for t in targets)
+    if masked or bases[0] is None or any(b is not bases[0] or not hasattr(t, "prompt") for b, t in zip(bases, targets)):
         raise ValueError(
             "rescore_many needs indexes whose targets are one and the same model, or prompted "
-            "models (with_prompt) of one and the same base model"
+            "models (with_prompt) of one and the same base model (not constrained ones: query "
+            "those one by one)"
         )
     return bases[0], [tuple(t.prompt) for t in targets]
 
