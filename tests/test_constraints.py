@@ -95,6 +95,14 @@ def test_proven_constrained_top_k_is_the_oracles(eos, vocab, max_len, top_m):
     assert not wrong, wrong[:3]
 
 
+def test_a_constrained_model_takes_a_prompt_and_constrains_what_follows_it():
+    table = TableModel(5, 5, 6, eos=0, temperature=2.0)
+    constraint, accepts = KINDS[0]
+    model = ConstrainedModel(char_model(table), constraint).with_prompt("x")
+    r = jaxrescore.top_k(model, None, 3)
+    assert r.proven and same_answer(r, oracle(table, accepts, 3, prompt=(3,)))
+
+
 def test_an_empty_constrained_support_is_proven_with_no_items():
     table = TableModel(4, 3, 0, eos=0)
     r = jaxrescore.top_k(char_model(table), None, 3, constraint=Length(min_tokens=5))

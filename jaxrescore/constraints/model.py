@@ -80,6 +80,12 @@ class ConstrainedModel:
     vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
     tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))
 
+    def with_prompt(self, tokens, *, max_new_tokens: int | None = None) -> "ConstrainedModel":
+        """The base's continuations of ``tokens`` (ids, or text) under the same constraint (it
+        constrains what is generated after the prompt)."""
+        return ConstrainedModel(self.base.with_prompt(tokens, max_new_tokens=max_new_tokens), self.constraint,
+                                self.automaton)
+
     # -- which steps are allowed ---------------------------------------------------------------
 
     def _room(self, position):
