@@ -24,9 +24,10 @@ default), the baseline an exact best-first search over the same target with a KV
 of the true top-k. Positions: token positions the target computed (the proof's include the full
 forwards that check its answer); best-first's are its expanded prefixes, one cached position each.
 
-Then, in one process for the first chat question (k = 5): the drafts side by side, each with the
-target positions, the draft's own speculated positions and the wall time (warm: a first query
-compiled the shared programs): the int8 twin, no draft (the target speculates its own paths),
+Then, for the first chat question (k = 5): the drafts side by side, each in a process of its own
+(resident memory capped, see ``MEMORY_CAP``), with the target positions, the draft's own speculated
+positions and the wall time (warm: a first query compiled the shared programs), each answer
+compared with best-first's: the int8 twin, no draft (the target speculates its own paths),
 the target's first 10 of 30 layers with its head (a self-draft), and a 3-gram fitted on CPython's
 documentation tokenized with the model's tokenizer (a table draft: a SeekIndex over it, capped by
 the search's budget).
@@ -90,10 +91,22 @@ out["load"] = load
 print(json.dumps(out))
 """
 
-# The drafts side by side in one process (see the module docstring).
+# One draft of the side-by-side (see the module docstring), in a process of its own whose resident
+# memory is capped: a draft that outgrows the cap is reported, not left to the kernel's OOM killer.
 DRAFTS = r"""
-import dataclasses, json, time
+import dataclasses, json, os, threading, time
 import numpy as np
+
+def watch(limit):
+    while True:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS"))
+        if rss > limit:
+            print(json.dumps(dict(error=f"resident memory past {{limit >> 30}} GiB")), flush=True)
+            os._exit(0)  # the JSON above is the answer
+        time.sleep(0.2)
+
+threading.Thread(target=watch, args=({cap},), daemon=True).start()
 import jaxrescore
 from jaxrescore import from_pretrained
 from jaxrescore.index import SeekIndex
@@ -111,28 +124,30 @@ def first_layers(model, n):
     lm = PretrainedLM(spec, params, eos=model.eos, bos_id=model.bos_id, max_len=model.max_len)
     return lm.with_tokenizer(tok)
 
-t = time.perf_counter()
-paragraphs = [p for d in documents() for p in d.split("\n\n") if len(p) > 40][: a["paragraphs"]]
-corpus = [tuple(tok.encode(" ".join(p.split()))) + (target.eos,) for p in paragraphs]
-ngram = NGramLM.fit(corpus, order=3, vocab_size=target.vocab_size, eos=target.eos, max_len=target.max_len)
-fit = time.perf_counter() - t
-drafts = {{"int8 twin": quantize_int8(target), "none (the target speculates)": None,
-          "first 10 of 30 layers + head": first_layers(target, 10), "3-gram on CPython's docs": ngram}}
-t_p = target.with_prompt(a["prompt"], max_new_tokens=a["n"])
-jaxrescore.top_k(target, drafts["int8 twin"], a["k"], prompt=a["prompt"], max_new_tokens=a["n"])  # compiles
-rows = []
-for name, d in drafts.items():
-    model = t_p if d is None else d.with_prompt(a["prompt"], max_new_tokens=a["n"])
-    index = SeekIndex(model, progress=False) if isinstance(d, NGramLM) else SpeculativeDraft(model)
-    ri = RescoredIndex(index, t_p)  # what jaxrescore.top_k builds for this draft
+fit = tokens = 0
+if a["draft"] == "ngram":
     t = time.perf_counter()
-    r = ri.top_k(a["k"], prove=True)
-    wall = time.perf_counter() - t
-    rows.append(dict(name=name, wall=wall, proven=r.proven, calls=r.rounds, positions=r.positions,
-                     draft_positions=ri.draft_positions, index_rows=getattr(index, "forwards", 0),
-                     items=[[list(s), lp] for s, lp in r.items]))
-print(json.dumps(dict(rows=rows, fit=fit, corpus_tokens=sum(map(len, corpus)))))
+    paragraphs = [p for d in documents() for p in d.split("\n\n") if len(p) > 40][: a["paragraphs"]]
+    corpus = [tuple(tok.encode(" ".join(p.split()))) + (target.eos,) for p in paragraphs]
+    d = NGramLM.fit(corpus, order=3, vocab_size=target.vocab_size, eos=target.eos, max_len=target.max_len)
+    fit, tokens = time.perf_counter() - t, sum(map(len, corpus))
+else:
+    d = {{"int8": quantize_int8(target), "none": None, "layers": first_layers(target, 10)}}[a["draft"]]
+t_p = target.with_prompt(a["prompt"], max_new_tokens=a["n"])
+jaxrescore.top_k(target, quantize_int8(target), a["k"], prompt=a["prompt"], max_new_tokens=a["n"])  # compiles
+model = t_p if d is None else d.with_prompt(a["prompt"], max_new_tokens=a["n"])
+index = SeekIndex(model, progress=False) if isinstance(d, NGramLM) else SpeculativeDraft(model)
+ri = RescoredIndex(index, t_p)  # what jaxrescore.top_k builds for this draft
+t = time.perf_counter()
+r = ri.top_k(a["k"], prove=True)
+wall = time.perf_counter() - t
+print(json.dumps(dict(wall=wall, proven=r.proven, calls=r.rounds, positions=r.positions,
+                      draft_positions=ri.draft_positions, index_rows=getattr(index, "forwards", 0),
+                      items=[[list(s), lp] for s, lp in r.items], fit=fit, corpus_tokens=tokens)))
 """
+DRAFT_NAMES = {"int8": "int8 twin", "none": "none (the target speculates)", "layers": "first 10 of 30 layers + head",
+               "ngram": "3-gram on CPython's docs"}
+MEMORY_CAP = 12 << 30
 
 
 def query(path: str, what: str, prompt: str, k: int, n: int, fixed: bool, constraint: str = "") -> dict:
@@ -179,6 +194,8 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
                          f"{base['beam_recall']:.0%}"])
             if k == 5 or quick:
                 answers.append((shown, prompt, proof))
+            if i == 0 and k == 5:
+                bf_ref = base  # the drafts below answer this query
     head = ["prompt", "max new tokens", "k", "proven", "= best-first", "positions (proof)",
             "of them searching", "expansions (best-first)", "ratio", "ratio (searching)", "calls (proof)", "calls (best-first)", "wall s (proof)",
             "wall s (best-first)", "beam recall"]
@@ -203,20 +220,26 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
                           for text, (_, lp) in zip(proof["texts"] or [""] * len(proof["items"]), proof["items"]))
         lines.append(f"- `{shown}`: {items}")
     if not quick:
-        args = json.dumps(dict(path=path, prompt=cases[0][0], k=5, n=12, paragraphs=4000))
-        code = f"import sys; sys.path.insert(0, {HERE!r})\n" + DRAFTS.format(args=args)
-        out = run_child(code, timeout=3600, error_chars=400)
-        if "error" in out:
-            raise RuntimeError(f"drafts: {out['error']}")
-        ref = out["rows"][0]
-        drows = [[r["name"], "yes" if r["proven"] else "NO", "yes" if same_answer(r, ref) else "NO",
-                  f"{r['positions']:,}", "-" if r["draft_positions"] is None else f"{r['draft_positions']:,}",
-                  f"{r['index_rows']:,}", r["calls"], f"{r['wall']:.1f}"] for r in out["rows"]]
+        out = {}
+        for key in DRAFT_NAMES:
+            args = json.dumps(dict(path=path, prompt=cases[0][0], k=5, n=12, paragraphs=4000, draft=key))
+            code = f"import sys; sys.path.insert(0, {HERE!r})\n" + DRAFTS.format(args=args, cap=MEMORY_CAP)
+            out[key] = run_child(code, timeout=1800, error_chars=400)
+        drows = []
+        for key, r in out.items():
+            if "error" in r:
+                drows.append([DRAFT_NAMES[key], f"NO: {r['error']}", "-", "-", "-", "-", "-", "-"])
+                continue
+            drows.append([DRAFT_NAMES[key], "yes" if r["proven"] else "NO", "yes" if same_answer(r, bf_ref) else "NO",
+                          f"{r['positions']:,}", "-" if r["draft_positions"] is None else f"{r['draft_positions']:,}",
+                          f"{r['index_rows']:,}", r["calls"], f"{r['wall']:.1f}"])
+        fit = out["ngram"].get("fit"), out["ngram"].get("corpus_tokens")
         lines += [
             "",
-            f"Drafts for `{QUESTIONS[0]}` (k = 5, 12 tokens), in one process after a first query compiled "
-            f"(the 3-gram: {out['corpus_tokens']:,} tokens of CPython's documentation, fitted in "
-            f"{out['fit']:.0f} s):",
+            f"Drafts for `{QUESTIONS[0]}` (k = 5, 12 tokens), each in a process of its own (resident memory "
+            f"capped at {MEMORY_CAP >> 30} GiB) after a first query compiled"
+            + (f" (the 3-gram: {fit[1]:,} tokens of CPython's documentation, fitted in {fit[0]:.0f} s):"
+               if fit[0] is not None else ":"),
             "",
             table(["draft", "proven", "same answer", "target positions", "draft positions (speculation)",
                    "draft index rows", "calls", "wall s"], drows, "lllrrrrr"),
