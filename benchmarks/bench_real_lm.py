@@ -75,7 +75,8 @@ if a["what"] == "proof":
                          constraint=constraint)
     wall = time.perf_counter() - t
     out = dict(wall=wall, proven=r.proven, reason=r.proof_reason, calls=r.rounds, positions=r.positions,
-               check=r.check_positions, items=[[list(s), lp] for s, lp in r.items], texts=r.texts)
+               check=r.check_positions, items=[[list(s), lp] for s, lp in r.items],
+               texts=[target.tokenizer.decode(list(s)) for s, _ in r.items])  # the answers alone
 else:
     model = target.with_prompt(a["prompt"], max_new_tokens=a["n"])
     if constraint is not None:  # best-first and beam prune by the constraint
@@ -129,7 +130,8 @@ if a["draft"] == "ngram":
     t = time.perf_counter()
     paragraphs = [p for d in documents() for p in d.split("\n\n") if len(p) > 40][: a["paragraphs"]]
     corpus = [tuple(tok.encode(" ".join(p.split()))) + (target.eos,) for p in paragraphs]
-    d = NGramLM.fit(corpus, order=3, vocab_size=target.vocab_size, eos=target.eos, max_len=target.max_len)
+    d = NGramLM.fit(corpus, order=3, vocab_size=target.vocab_size, eos=target.eos,
+                    max_len=target.max_len).with_tokenizer(tok)  # it reads the text prompt
     fit, tokens = time.perf_counter() - t, sum(map(len, corpus))
 else:
     d = {{"int8": quantize_int8(target), "none": None, "layers": first_layers(target, 10)}}[a["draft"]]
@@ -216,7 +218,7 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
         "",
     ]
     for shown, prompt, proof in answers:
-        items = "; ".join(f"{text.removeprefix(prompt) if text else ''!r} {lp:.3f}"
+        items = "; ".join(f"{text!r} {lp:.3f}"
                           for text, (_, lp) in zip(proof["texts"] or [""] * len(proof["items"]), proof["items"]))
         lines.append(f"- `{shown}`: {items}")
     if not quick:
