@@ -15,11 +15,10 @@ the target computed (the proof's include the full forwards that check its answer
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from common import machine, section, table  # noqa: E402
+from common import machine, section, standalone, table  # noqa: E402
 
 COMMAND = "python3 benchmarks/run.py --only constraints"
 # (shown, expression): the four kinds, as a user writes them.
@@ -79,13 +78,5 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     return section("Constrained proofs: names under length, regex and choices", COMMAND, "\n".join(lines))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
-    print(run(quick=args.quick))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone(__doc__, run))

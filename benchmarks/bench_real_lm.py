@@ -35,7 +35,6 @@ the search's budget).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -44,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from common import machine, run_child, section, table  # noqa: E402
+from common import machine, run_child, section, standalone, table  # noqa: E402
 from smollm2 import smollm2_gguf_path  # noqa: E402
 
 COMMAND = "python3 benchmarks/run.py --only real_lm"
@@ -249,13 +248,5 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
     return section(title, COMMAND, "\n".join(lines))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
-    print(run(quick=args.quick))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone(__doc__, run))

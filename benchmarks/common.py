@@ -134,3 +134,15 @@ class Counting:
     def score_sequences(self, seqs, **kw):
         self._count([len(s) for s in seqs])
         return self.model.score_sequences(seqs, **kw)
+
+
+def standalone(doc: str, run, argv=None) -> int:
+    """A section run alone (``python3 benchmarks/bench_x.py [--quick]``): print what ``run``
+    returns; the module's docstring's first line is the help."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    print(run(quick=args.quick))
+    return 0

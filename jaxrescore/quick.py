@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxrescore._checks import check_choice
-from jaxrescore.constraints import Constraint, constrain
+from jaxrescore.constraints import Constraint, constrain, constrain_draft
 from jaxrescore.index import SeekIndex
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.scores import DEFAULT_TOP_M
@@ -157,9 +157,7 @@ def _constrained(target: Any, draft: Any, constraint, prompt, max_new_tokens) ->
     d = None if draft is None else _conditioned(draft, prompt, max_new_tokens)
     if constraint is not None:
         t = constrain(t, constraint)
-        if d is not None:
-            same = int(d.vocab_size) == t.vocab_size and d.eos == t.eos
-            d = constrain(d, constraint, t.automaton if same else None)
+        d = None if d is None else constrain_draft(d, t)
     return t, t if d is None else d
 
 

@@ -103,6 +103,19 @@ def test_a_constrained_model_takes_a_prompt_and_constrains_what_follows_it():
     assert r.proven and same_answer(r, oracle(table, accepts, 3, prompt=(3,)))
 
 
+def test_skipped_context_counts_in_max_len():
+    """A fixed-length model scored with ``skip``: the constraint reads what follows the context,
+    but a continuation still ends at the base's ``max_len`` (context included)."""
+    table = TableModel(4, 4, 8)  # fixed length 4
+    model = ConstrainedModel(char_model(table), Regex("mmmm"))
+    seqs = [(3, 1, 1, 1)]  # after the context "x": "mmm", one "m" short, and nothing fits after it
+    skip = np.array([1], np.int32)
+    assert model.score_sequences(seqs, skip=skip)[0] == -math.inf
+    fs = model.score_frontier(seqs, top_m=4, skip=skip)
+    assert fs.scores[0] == -math.inf and fs.steps[0, 2] == -math.inf
+    assert np.isfinite(model.score_sequences([(1, 1, 1, 1)]))[0]
+
+
 def test_an_empty_constrained_support_is_proven_with_no_items():
     table = TableModel(4, 3, 0, eos=0)
     r = jaxrescore.top_k(char_model(table), None, 3, constraint=Length(min_tokens=5))

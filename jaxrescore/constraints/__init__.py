@@ -9,6 +9,7 @@ rule of the unconstrained proof holds as it is (see :mod:`.model`).
 
 from jaxrescore.constraints.automaton import TokenAutomaton
 from jaxrescore.constraints.kinds import AllOf, Constraint, Length, OneOf, Regex
-from jaxrescore.constraints.model import ConstrainedModel, constrain
+from jaxrescore.constraints.model import ConstrainedModel, constrain, constrain_draft
 
-__all__ = ["AllOf", "ConstrainedModel", "Constraint", "Length", "OneOf", "Regex", "TokenAutomaton", "constrain"]
+__all__ = ["AllOf", "ConstrainedModel", "Constraint", "Length", "OneOf", "Regex", "TokenAutomaton", "constrain",
+           "constrain_draft"]

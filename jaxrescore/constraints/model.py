@@ -89,8 +89,9 @@ class ConstrainedModel:
     # -- which steps are allowed ---------------------------------------------------------------
 
     def _room(self, position):
-        """Tokens an accepted sequence may still take after a token at ``position`` (before its
-        eos, for a terminating model)."""
+        """Tokens an accepted sequence may still take after a token at ``position`` of the row as
+        the base reads it (context included: ``max_len`` counts it), before its eos for a
+        terminating model."""
         return self.max_len - np.asarray(position, np.int64) - 1 - (self.eos is not None)
 
     def allowed(self, states: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -111,17 +112,20 @@ class ConstrainedModel:
             ok |= live & (toks == self.eos) & a.accepting[safe_s]
         return ok
 
-    def states(self, tokens: np.ndarray, lengths: np.ndarray, start_at=None) -> np.ndarray:
+    def states(self, tokens: np.ndarray, lengths: np.ndarray, start_at=None, offset=None) -> np.ndarray:
         """int32[N, T + 1]: the automaton's state before each position (-1 once a refused step
-        was taken), each row from ``start_at[i]`` (default 0)."""
+        was taken), each row from ``start_at[i]`` (default 0: the tokens before it are context);
+        ``offset[i]``: context the base reads before column 0 (default 0; it counts in ``max_len``)."""
         tokens = np.asarray(tokens, np.int64)
         lengths = np.asarray(lengths, np.int64)
-        begin = np.zeros(tokens.shape[0], np.int64) if start_at is None else np.asarray(start_at, np.int64)
+        n, width = tokens.shape
+        begin = np.zeros(n, np.int64) if start_at is None else np.asarray(start_at, np.int64)
+        shift = np.zeros(n, np.int64) if offset is None else np.asarray(offset, np.int64)
         states = run(self.automaton, tokens, lengths, self.eos, begin).astype(np.int64)
-        if tokens.shape[1]:
-            pos = np.arange(tokens.shape[1])[None, :] - begin[:, None]
-            ok = self.allowed(states[:, :-1], pos, tokens)
-            real = (pos >= 0) & (np.arange(tokens.shape[1])[None, :] < lengths[:, None])
+        if width:
+            cols = np.arange(width)[None, :]
+            ok = self.allowed(states[:, :-1], cols + shift[:, None], tokens)
+            real = (cols >= begin[:, None]) & (cols < lengths[:, None])
             # a refused step kills the row from there on
             dead = np.cumsum(real & ~ok, axis=1) > 0
             states[:, 1:] = np.where(dead, -1, states[:, 1:])
@@ -167,35 +171,39 @@ class ConstrainedModel:
         batch = as_sequence_batch(seqs)
         fs = self.base.score_frontier(batch, top_m=top_m, **({} if skip is None else {"skip": skip}))
         begin = np.zeros(batch.size, np.int64) if skip is None else np.asarray(skip, np.int64).reshape(batch.size)
-        # positions count generated tokens: a skipped prefix is context (the prompt's tokens)
+        # the constraint reads what follows a skipped prefix (context, e.g. a prompt's tokens)
         toks = shift_left(batch.tokens.astype(np.int64), begin, -1)
 
-        def base_rows(rows, cols):  # the base's rows after continuation prefixes, context included
-            return model_rows(self.base, batch.tokens[rows], (begin[rows] + cols).astype(np.int32), "constraint's base")
+        def base_rows(rows, at):  # the base's rows after the first ``at`` tokens, context included
+            return model_rows(self.base, batch.tokens[rows], at.astype(np.int32), "constraint's base")
 
-        return self.reread(fs, toks, np.maximum(batch.lengths - begin, 0), np.zeros(batch.size, np.int64), base_rows)
+        return self.reread(fs, toks, np.maximum(batch.lengths - begin, 0), np.zeros(batch.size, np.int64), base_rows,
+                           begin)
 
     def reread(self, fs: FrontierScores, tokens: np.ndarray, lengths: np.ndarray, first: np.ndarray,
-               base_rows) -> FrontierScores:
+               base_rows, offset=None) -> FrontierScores:
         """``fs`` (the base's numbers of positions ``first[i] + w`` of rows ``tokens: int[N, T]``
-        of ``lengths: int[N]``, left-aligned) under the constraint; ``base_rows(rows, cols)``
-        gives the base's full rows ``float32[P, V]`` after ``tokens[rows[p], :cols[p]]`` (see
-        :meth:`_named`)."""
+        of ``lengths: int[N]``, left-aligned) under the constraint. ``offset[i]``: context the
+        base read before ``tokens[i]`` (default 0). ``base_rows(rows, at)`` gives the base's full
+        rows ``float32[P, V]`` after the first ``at[p]`` tokens of row ``rows[p]`` as the base
+        reads it (see :meth:`_named`)."""
         n, w = fs.steps.shape
         tokens = np.asarray(tokens, np.int64)
-        states = self.states(tokens, lengths)
+        shift = np.zeros(n, np.int64) if offset is None else np.asarray(offset, np.int64).reshape(n)
+        states = self.states(tokens, lengths, offset=shift)
         cols = np.asarray(first, np.int64)[:, None] + np.arange(w)[None, :]
         inside = cols < tokens.shape[1]
         pos = np.minimum(cols, max(tokens.shape[1] - 1, 0))
         at = np.where(inside, np.take_along_axis(states, np.minimum(cols, tokens.shape[1]), axis=1), -1)
         toks = np.where(inside, np.take_along_axis(tokens, pos, axis=1) if tokens.shape[1] else -1, -1)
         real = cols < np.asarray(lengths)[:, None]
-        step_ok = self.allowed(at, cols, toks) | ~real
+        where = cols + shift[:, None]  # positions in the row as the base reads it
+        step_ok = self.allowed(at, where, toks) | ~real
         steps = np.where(np.cumsum(~step_ok, axis=1) > 0, -np.inf, fs.steps)
-        top_lps, top_ids = self._named(at, cols, fs.top_lps, fs.top_ids, base_rows)
+        top_lps, top_ids = self._named(at, where, fs.top_lps, fs.top_ids, base_rows)
         eos_lps = fs.eos_lps
         if self.eos is not None:
-            eos_lps = np.where(self.allowed(at, cols, np.full_like(at, self.eos)), eos_lps, -np.inf).astype(np.float32)
+            eos_lps = np.where(self.allowed(at, where, np.full_like(at, self.eos)), eos_lps, -np.inf).astype(np.float32)
         refused = states[np.arange(n), np.asarray(lengths)] < 0
         return FrontierScores(np.where(refused, -np.inf, fs.scores), steps, top_lps, top_ids, eos_lps)
 
@@ -275,6 +283,13 @@ class ConstrainedSession:
             return self.inner.next_logprobs(batch.tokens[idx], cols.astype(np.int32))
 
         return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, first, base_rows), out.positions)
+
+
+def constrain_draft(draft: Any, target: ConstrainedModel) -> ConstrainedModel:
+    """``draft`` under the constraint of ``target``, reusing its automaton when their tokens agree
+    (the same vocabulary size and eos), else compiled for the draft."""
+    same = int(draft.vocab_size) == target.vocab_size and draft.eos == target.eos
+    return ConstrainedModel(draft, target.constraint, target.automaton if same else None)
 
 
 def constrain(model: Any, constraint: Constraint | None, automaton: TokenAutomaton | None = None) -> Any:

@@ -17,7 +17,7 @@ import re
 import time
 from typing import Callable
 
-from jaxrescore.constraints import ConstrainedModel, Regex
+from jaxrescore.constraints import ConstrainedModel, Regex, constrain_draft
 from jaxrescore.data.names import decode, encode, load_names, name_ranks
 from jaxrescore.data.names_models import names_draft, names_target
 from jaxrescore.demo.args import check_flag, check_prefix, check_query, load_model_file
@@ -94,7 +94,7 @@ def run_demo(
         target, draft = target.with_prompt(prompt), draft.with_prompt(prompt)
     if constraint is not None:
         target = ConstrainedModel(target, constraint)
-        draft = ConstrainedModel(draft, constraint, target.automaton)
+        draft = constrain_draft(draft, target)
     stage(f"building the draft index and proving the top {k}")
     index = draft_index(draft, progress)
     proof = proven_top_k(index, target, k, window)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxrescore.constraints import Constraint, constrain
+from jaxrescore.constraints import Constraint, constrain, constrain_draft
 from jaxrescore.rescore.draft import SpeculativeDraft
 
 
@@ -28,9 +28,7 @@ def constrained_index(index: Any, constraint: Constraint) -> Any:
     if not callable(getattr(index.target, "next_logprobs", None)):
         raise TypeError("constraint= needs a target model (next_logprobs), not a bare scoring function")
     target = constrain(index.target, constraint)
-    draft = index.draft_model if index.draft_model is not None else index.target
-    same = int(draft.vocab_size) == target.vocab_size and draft.eos == target.eos
-    draft = constrain(draft, constraint, target.automaton if same else None)
+    draft = constrain_draft(index.draft_model if index.draft_model is not None else index.target, target)
     return type(index)(SpeculativeDraft(draft), target, rerank_window=index.rerank_window,
                        assumed_gap=index.assumed_gap, top_m=index.top_m, completion_branch=index.completion_branch,
                        search_width=index.search_width, adaptive_width=index.adaptive_width)
