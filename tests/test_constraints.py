@@ -190,6 +190,21 @@ def test_regex_over_multi_character_tokens_straddling_the_pattern():
         assert r.proven and same_answer(r, want), pattern
 
 
+class MergingTokenizer(PieceTokenizer):
+    """Rewrites text across tokens (two "a" become one), as a space-cleaning tokenizer does."""
+
+    def decode(self, ids):
+        return super().decode(ids).replace("aa", "a")
+
+
+def test_a_tokenizer_that_rewrites_text_across_tokens_is_refused_for_a_regex():
+    pieces = ["", "ma", "ar", "a", "m", "ia", "x"]
+    model = as_model(TableModel(7, 3, 11, eos=0)).with_tokenizer(MergingTokenizer(pieces))
+    with pytest.raises(ValueError, match="token by token"):
+        Regex("ma[a-z]*a").automaton(model)
+    assert not ConstrainedModel(model, OneOf([(1, 3)])).automaton.empty  # token choices read no text
+
+
 def test_names_under_each_kind_equal_a_best_first_that_prunes_by_the_constraint():
     from jaxrescore.data.names_models import names_draft, names_target
 

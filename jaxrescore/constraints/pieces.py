@@ -11,12 +11,15 @@ plain reference token ``x``). Their concatenation is the decoded text for byte-l
 
 A token without text of its own gets no piece (None) and is never allowed by a regex: one that
 decodes to nothing (a special token) or to U+FFFD (a part of a multi-byte character, which is
-text only together with its neighbours).
+text only together with its neighbours). That a run of tokens decodes to its pieces one after
+another is checked on random runs when the pieces are read (:func:`check_pieces`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from jaxrescore.models.text import codec_of
 
@@ -46,13 +49,36 @@ def token_pieces(model: Any) -> TokenPieces:
     first = [_text(decode([t])) if t != eos else None for t in range(vocab)]
     ref = _reference(first)
     if ref is None:
-        return TokenPieces(first, list(first))
-    lead = decode([ref])
-    rest = []
-    for t in range(vocab):
-        both = decode([ref, t]) if t != eos else ""
-        rest.append(_text(both[len(lead):]) if t != eos and both.startswith(lead) else None)
-    return TokenPieces(first, rest)
+        pieces = TokenPieces(first, list(first))
+    else:
+        lead = decode([ref])
+        rest = []
+        for t in range(vocab):
+            both = decode([ref, t]) if t != eos else ""
+            rest.append(_text(both[len(lead):]) if t != eos and both.startswith(lead) else None)
+        pieces = TokenPieces(first, rest)
+    check_pieces(pieces, decode)
+    return pieces
+
+
+def check_pieces(pieces: TokenPieces, decode, samples: int = 256, seed: int = 0) -> None:
+    """The assumption a regex proof rests on, checked on ``samples`` random runs of 2-5 text
+    tokens: the codec decodes each run to its pieces' concatenation. ValueError otherwise (a
+    tokenizer that rewrites text across tokens, e.g. one cleaning up spaces before punctuation:
+    a regex over it would read other text than the answer decodes to)."""
+    text = [t for t, p in enumerate(pieces.first) if p is not None and pieces.rest[t] is not None]
+    if len(text) < 2:
+        return
+    rng = np.random.default_rng(seed)
+    for _ in range(samples):
+        run = rng.choice(text, size=int(rng.integers(2, 6))).tolist()
+        want = pieces.first[run[0]] + "".join(pieces.rest[t] for t in run[1:])
+        got = str(decode(run))
+        if got != want:
+            raise ValueError(
+                f"the model's tokenizer decodes tokens {run} to {got!r}, not to their texts one after "
+                f"another ({want!r}): a Regex cannot read its text token by token"
+            )
 
 
 def _text(piece: str) -> str | None:
