@@ -443,6 +443,39 @@ def test_top_k_proves_through_llama_with_text(llama_pair):
     assert result.proven and len(result.texts) == 3
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_packed_rows_after_one_prompt_equal_their_own_forwards(family, gpt2_pair, llama_pair, monkeypatch):
+    """A prompted model's full forward packs its rows after ONE copy of the prompt: every
+    number equals the forward of ``prompt + row`` on its own (rows of every length, an empty
+    one, groups split by the packing cap), and it counts the prompt once per packed group."""
+    from jaxrescore.models.pretrained import packed
+
+    t_dir = (gpt2_pair if family == "gpt2" else llama_pair)[0]
+    model = from_pretrained(t_dir)
+    eos, default = model.eos, packed.PACK_TOKENS
+    rng = np.random.default_rng(3)
+    for prompt in [(), (3,), (5, 1, 7)]:
+        p_model = model.with_prompt(prompt)
+        assert p_model.packs_prompt
+        seqs = _sequences(rng, model.vocab_size, eos, p_model.max_len, 9) + [()]
+        for cap in (default, 6):  # one group; several
+            monkeypatch.setattr(packed, "PACK_TOKENS", cap)
+            got = p_model.score_frontier(seqs, top_m=4)
+            want = model.score_frontier([tuple(prompt) + s for s in seqs], top_m=4,
+                                        skip=np.full(len(seqs), len(prompt), np.int32))
+            w = got.steps.shape[1]
+            np.testing.assert_allclose(got.scores, want.scores, atol=2e-5)
+            for a, b in zip(got[1:], want[1:]):
+                b = np.asarray(b)[:, :w]
+                real = np.arange(w)[None, :] < np.array([len(x) for x in seqs])[:, None]
+                np.testing.assert_allclose(np.where(real[..., None] if a.ndim == 3 else real, a, 0),
+                                           np.where(real[..., None] if b.ndim == 3 else real, b, 0), atol=2e-5)
+            lengths = [len(x) for x in seqs]
+            groups = len(packed._groups(np.array(lengths), len(prompt) + 1))
+            assert (groups == 1) == (cap == default)
+            assert p_model.full_positions(lengths) == groups * len(prompt) + sum(lengths)
+
+
 MESH_SCRIPT = textwrap.dedent(
     """
     import json, sys

@@ -70,9 +70,21 @@ def test_best_first_is_exact(seed, vocab, max_len, eos, batch):
         assert len(found.items) == k and len({s for s, _ in found.items}) == k
         np.testing.assert_allclose([lp for _, lp in found.items], truth[:k], atol=1e-9)
         assert all(s in set(support) for s, _ in found.items)
-        assert found.forwards >= found.calls >= 1
+        assert found.forwards >= found.calls >= 1 and found.exact
+        # a cap on rows: never more rows than it allows; exact only when the search ended anyway
+        for cap in (1, 2, found.forwards - 1, found.forwards):
+            if cap < 1:
+                continue
+            capped = best_first_top_k(model, k, batch=batch, max_forwards=cap)
+            assert capped.forwards <= cap and capped.exact == (capped.forwards == found.forwards)
+            if capped.exact:
+                assert capped.items == found.items
+            got = [lp for _, lp in capped.items]  # real sequences, each scored as the model scores it
+            np.testing.assert_allclose(got, model.score_sequences([s for s, _ in capped.items]), atol=1e-9)
     with pytest.raises(ValueError, match="batch"):
         best_first_top_k(model, 2, batch=0)
+    with pytest.raises(ValueError, match="max_forwards"):
+        best_first_top_k(model, 2, max_forwards=0)
 
 
 def _tied(table, seed):

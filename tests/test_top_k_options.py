@@ -14,7 +14,10 @@ import jaxrescore
 from jaxrescore.index import SeekIndex
 from jaxrescore.models import CallableModel
 from jaxrescore.models.transformer import TransformerConfig, TransformerLM
-from jaxrescore.rescore import progress
+from jaxrescore.rescore import RescoredIndex, progress
+from jaxrescore.rescore.draft import SpeculativeDraft
+from jaxrescore.rescore.queries import search_budget
+from jaxrescore.rescore.seed import seed_of
 
 
 def lm(seed: int, eos, max_len: int = 4, vocab: int = 4) -> TransformerLM:
@@ -52,8 +55,14 @@ def test_a_network_draft_speculates_from_the_root_and_proves_the_exact_top_k(eos
     truth = exact_top(model, 5, model.max_len)
     result = jaxrescore.top_k(target, draft, 5, prompt=prompt)
     assert_exact(result, truth)
-    # no index: the draft only speculated, and was never asked to re-score what was found
-    assert all(d is None for d in result.draft_ranks) and np.isnan(result.draft_log_probs).all()
+    # no index: nothing is ranked by it; the draft scored only its own top-5 (the search's first
+    # sequences, see rescore.seed) and was never asked to re-score what the search found
+    assert all(d is None for d in result.draft_ranks)
+    d_model = draft if prompt is None else draft.with_prompt(prompt)
+    own = dict(exact_top(d_model, 5, d_model.max_len))
+    lps = np.asarray(result.draft_log_probs, np.float64)
+    for (seq, _), lp in zip(result.items, lps):
+        assert np.isnan(lp) if seq not in own else abs(lp - own[seq]) < 1e-4
     # the SeekIndex route gives the same answer
     assert_exact(jaxrescore.top_k(target, draft, 5, prompt=prompt, index="seek"), truth)
 
@@ -71,6 +80,43 @@ def test_max_new_tokens_caps_the_support_and_no_draft_lets_the_target_speculate(
         jaxrescore.top_k(target, draft, 4, max_new_tokens=0)
     with pytest.raises(ValueError, match="index"):
         jaxrescore.top_k(target, draft, 4, index="fast")
+
+
+def test_a_speculating_search_starts_from_the_drafts_own_top_k():
+    """The draft's exact top-k by best-first (its rows only) are the first sequences scored, and
+    its k-th score the aim (rescore.seed); its rows are bounded by the budget."""
+    target, draft = lm(3, 0, max_len=5), lm(11, 0, max_len=5)
+    index = RescoredIndex(SpeculativeDraft(draft), target)
+    seed = seed_of(index, 4, search_budget(8, None, 0, 4))
+    truth = exact_top(draft, 4, 5)
+    assert seed.seqs == [s for s, _ in truth]
+    np.testing.assert_allclose(seed.draft_lps, [lp for _, lp in truth], atol=1e-5)
+    assert seed.aim == seed.draft_lps[-1]
+    rows = []
+    counted = CallableModel(lambda p, n: rows.append(len(n)) or draft.next_logprobs(p, n), vocab_size=4,
+                            max_len=5, eos=0, batched=True)
+    small = seed_of(RescoredIndex(SpeculativeDraft(counted), target), 4, search_budget(8, 3, 0, 4))
+    assert sum(rows) <= 3 and len(small.seqs) < 4 and small.aim == -math.inf
+    # no draft (the target speculates): its own best-first would be the whole search, uncounted
+    assert seed_of(RescoredIndex(SpeculativeDraft(target), target), 4, search_budget(8, None, 0, 4)).seqs == []
+    # an index that lists sequences is not seeded
+    assert seed_of(RescoredIndex(SeekIndex(draft, progress=False), target), 4, search_budget(8, None, 0, 4)).seqs == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_draft_that_overrates_its_answer_never_stops_a_proof(seed):
+    """A draft whose own top-k the target scores far lower: its aim lies above every open exit,
+    and the search goes on below it (every answer proven and exact)."""
+    target = lm(seed, 0, max_len=5, vocab=5)
+
+    def reversed_rows(prefixes, lengths):  # the target's rows turned upside down
+        rows = -np.asarray(target.next_logprobs(prefixes, lengths), np.float64)
+        return (rows - np.log(np.exp(rows).sum(-1, keepdims=True))).astype(np.float32)
+
+    draft = CallableModel(reversed_rows, vocab_size=5, max_len=5, eos=0, batched=True)
+    truth = exact_top(target, 6, 5)
+    assert_exact(jaxrescore.top_k(target, draft, 6), truth)
+    assert_exact(RescoredIndex(SpeculativeDraft(draft), target).top_k(6, prove=True), truth)
 
 
 def test_budgets_end_the_search_with_the_budget_named():

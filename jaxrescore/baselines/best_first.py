@@ -31,14 +31,17 @@ from jaxrescore.models.decoding import incremental
 class BestFirstResult(NamedTuple):
     """``items``: the top-k ``(sequence, log_prob)`` pairs, best first (log-probs summed from the
     model's ``next_logprobs`` rows, float64); ``forwards``: prefix rows evaluated; ``calls``:
-    batched model calls."""
+    batched model calls; ``exact``: False when ``max_forwards`` stopped the search with a prefix
+    still open that could beat the k-th item (the items are then the best complete sequences
+    found, possibly fewer than k)."""
 
     items: list
     forwards: int
     calls: int
+    exact: bool = True
 
 
-def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstResult:
+def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: int | None = None) -> BestFirstResult:
     """The exact top-``k`` sequences of ``model`` by batched best-first search.
 
     Ties: open prefixes of equal log-prob expand in Python's tuple order; a complete sequence
@@ -51,9 +54,12 @@ def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstRes
       k: sequences to find, an integer >= 1.
       batch: prefixes expanded per call (default ``k``): larger means fewer sequential calls and
         more rows evaluated beyond what the proof needs.
+      max_forwards: stop before a call that would take the prefix rows evaluated past it (None:
+        no limit); the result is then not ``exact``.
     """
     k = check_int(k, "k", minimum=1)
     batch = k if batch is None else check_int(batch, "batch", minimum=1)
+    limit = None if max_forwards is None else check_int(max_forwards, "max_forwards", minimum=1)
     model = incremental(model)
     eos, max_len = model.eos, int(model.max_len)
     # (negated log-prob, prefix, its _Children, its index there): a max-heap by log-prob holding
@@ -61,18 +67,24 @@ def best_first_top_k(model, k: int, *, batch: int | None = None) -> BestFirstRes
     open_: list = [(-0.0, (), None, 0)]
     best: list = []  # min-heap of (log_prob, sequence): the k best complete sequences so far
     forwards = calls = 0
+    exact = True
     while open_:
         kth = best[0][0] if len(best) >= k else -np.inf
         if -open_[0][0] <= kth:
             break  # no open prefix can beat the k-th best complete sequence
+        if limit is not None and forwards >= limit:
+            exact = False
+            break
         take = _pop(open_, batch, kth)
+        if limit is not None and forwards + len(take) > limit:
+            take, exact = take[: limit - forwards], False  # the rest popped is dropped: not exact
         rows = _rows(model, [p for _, p in take])
         forwards += len(take)
         calls += 1
         for (score, prefix), row in zip(take, rows):
             _expand(prefix, score, row, eos, max_len, k, best, open_)
     items = sorted(((s, lp) for lp, s in best), key=lambda x: -x[1])
-    return BestFirstResult(items, forwards, calls)
+    return BestFirstResult(items, forwards, calls, exact)
 
 
 class _Children(NamedTuple):

@@ -76,6 +76,12 @@ class ConstrainedModel:
     eos = property(lambda self: self.base.eos)
     max_len = property(lambda self: int(self.base.max_len))
     prompt = property(lambda self: tuple(getattr(self.base, "prompt", ())), doc="The base's prompt (or ()).")
+
+    def full_positions(self, lengths) -> int:
+        """Token positions a :meth:`score_frontier` of rows of ``lengths`` computes (its base's)."""
+        own = getattr(self.base, "full_positions", None)
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        return int(own(lengths)) if callable(own) else int((lengths + len(self.prompt)).sum())
     score_tolerance = property(lambda self: getattr(self.base, "score_tolerance", None))
     vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
     tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))

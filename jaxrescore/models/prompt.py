@@ -200,8 +200,25 @@ class PromptedModel(PromptableMixin):
         batch, skip = self._on_base(seqs, skip)
         return self.base.score_sequences(batch, skip=skip)
 
+    @property
+    def packs_prompt(self) -> bool:
+        """Whether :meth:`score_frontier` computes the prompt once per call (a base with
+        ``score_frontier_after``, see :mod:`jaxrescore.models.pretrained.packed`) rather than
+        in every row."""
+        return bool(getattr(self.base, "packs_prompt", False))
+
+    def full_positions(self, lengths) -> int:
+        """Token positions a :meth:`score_frontier` of continuations of ``lengths`` computes."""
+        lengths = np.asarray(lengths, np.int64).reshape(-1)
+        if self.packs_prompt:
+            return self.base.packed_positions(len(self.prompt), lengths)
+        return int((lengths + len(self.prompt)).sum())
+
     def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """The base's ``score_frontier`` of ``prompt + c`` with the prompt's steps skipped:
-        scores ``log p(c | prompt)`` and positions counted from the first continuation step."""
+        scores ``log p(c | prompt)`` and positions counted from the first continuation step.
+        A base that packs rows after one prompt (:attr:`packs_prompt`) computes it once."""
+        if skip is None and self.packs_prompt:
+            return self.base.score_frontier_after(self.prompt, seqs, top_m=top_m)
         batch, skip = self._on_base(seqs, skip)
         return self.base.score_frontier(batch, top_m=top_m, skip=skip)

@@ -16,6 +16,7 @@ from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_score
 from jaxrescore.rescore.reuse import pad_fresh, shift_left
 from jaxrescore.rescore.run import certificate_probe
 from jaxrescore.rescore.search import Round, SearchState, first_width, grow_until_certified, next_round
+from jaxrescore.rescore.seed import NO_SEED, seed_of
 from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
@@ -60,7 +61,7 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list], checks: li
             skip = np.repeat([len(pr) for pr in prompts], sizes).astype(np.int32)
             raw = model.score_sequences(from_tuples(seqs), skip=skip)
         tolerance = min(s.tolerance for s in sets)
-        return [(sc, None, s.full_positions(part), np.ones(len(part), bool))
+        return [(sc, None, s.unpacked_positions(part), np.ones(len(part), bool))
                 for sc, s, part in zip(np.split(checked_scores(raw, flat, tolerance), splits), sets, parts)]
     # Each set forwards only the views with a position it does not hold (rows wholly held, e.g.
     # p + eos after a scored p, need no forward); the joint call runs full forwards (one model,
@@ -78,7 +79,7 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list], checks: li
             checked_frontier(block, [part[i] for i in need], ok[need], s.tolerance)
             fresh = pad_fresh(shift_left(block, p.known[need]), need, len(rs))
         full = s.completed(rs, p, fresh)
-        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.full_positions([rs[i] for i in need]),
+        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.unpacked_positions([rs[i] for i in need]),
                     s.exact_rows(p.known)))
         lo = hi
     return out
@@ -100,7 +101,7 @@ def _check_jointly(indexes, sets: list[ScoredSet], checks: list) -> list:
     for s, c in zip(sets, rows):
         hi = lo + c.size
         mine = [s.seqs[j] for j in c.tolist()]
-        out.append((c, FrontierScores(*(a[lo:hi] for a in fs)), s.full_positions(mine)) if c.size else None)
+        out.append((c, FrontierScores(*(a[lo:hi] for a in fs)), s.unpacked_positions(mine)) if c.size else None)
         lo = hi
     return out
 
@@ -144,11 +145,17 @@ def rescore_many(
     searching = mode.prove or mode.until_certified
     pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
              if searching else ri.draft.pull(q.extent) for ri, q in zip(indexes, queries)]
+    # a draft that lists nothing: its own top-k first, unranked (see rescore.seed)
+    seeds = [seed_of(ri, q.start + q.k, mode.budget) if mode.prove and not pull.seqs else NO_SEED
+             for ri, q, pull in zip(indexes, queries, pulls)]
     sets = [ri.new_scored_set() for ri in indexes]
-    parts = [pull.seqs for pull in pulls]
+    parts = [seed.seqs or pull.seqs for pull, seed in zip(pulls, seeds)]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
-    for s, pull, scored in zip(sets, pulls, results):
-        s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
+    for s, pull, seed, scored in zip(sets, pulls, seeds, results):
+        if seed.seqs:
+            s.add(seed.seqs, seed.draft_lps, np.full(len(seed.seqs), -1), scored=scored)
+        else:
+            s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
         s.calls = int(scored[2] > 0)  # it took part in the call when it forwarded a row
     covers = [Query(0, q.start + q.k, 0, q.gap) for q in queries]
     rounds = [1 if part else 0 for part in parts]  # an empty pull made no call
@@ -159,7 +166,7 @@ def rescore_many(
                                                            certificate_probe(ri, cover))
             if not mode.prove and sets[i].check(cover.k - 1):  # the answer's cached rows: a full forward
                 rounds[i] += 1
-    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds) if mode.prove else None
+    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds, [seed.aim for seed in seeds]) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
         rows = [len(s)] if searching else [min(q.extent, len(pull.seqs))]
@@ -170,18 +177,20 @@ def rescore_many(
     return out
 
 
-def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int]) -> list[SearchState]:
+def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int],
+                    aims: list[float]) -> list[SearchState]:
     """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
-    rounds each has made): per round, each unproven index's new sequences, scored together in ONE
+    rounds each has made; ``aims``: each draft's expected worst answer, see
+    :mod:`jaxrescore.rescore.seed`): per round, each unproven index's new sequences, scored together in ONE
     call. Returns each index's final search state."""
-    states = [SearchState(None, r, first_width(ri.search_width, k), adaptive=ri.adaptive_width)
-              for ri, r in zip(indexes, rounds)]
+    states = [SearchState(None, r, first_width(ri.search_width, k), adaptive=ri.adaptive_width, aim=a)
+              for ri, r, a in zip(indexes, rounds, aims)]
     while True:
         new = {}
         for i, (ri, state) in enumerate(zip(indexes, states)):
             if state.stopped:
                 continue
-            r = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width, state.adaptive)
+            r = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width, state.adaptive, state.aim)
             if r.new is None:  # a stop on cached numbers: their full forward first, then decide again
                 check = sets[i].unchecked(k - 1)
                 r = Round(r.proof, [], state.width, (), check) if check.size else r

@@ -229,9 +229,13 @@ class RescoredIndex:
     def speculate(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> Speculation:
         """The speculated paths of :meth:`complete`, with the draft's estimates along them (see
         :func:`~jaxrescore.rescore.speculate.speculate`)."""
-        model = self.draft_model if self.draft_model is not None else self.target
-        return speculate(self._completer.session(model), prefixes, target_structure(self.target), self.completion_branch,
+        return speculate(self.completion_session(), prefixes, target_structure(self.target), self.completion_branch,
                          values, floor)
+
+    def completion_session(self):
+        """The completion model (the draft's; the target's without one) as the index's one
+        incremental session (see :class:`~jaxrescore.rescore.speculate.Completer`)."""
+        return self._completer.session(self.draft_model if self.draft_model is not None else self.target)
 
     @property
     def draft_positions(self) -> int | None:

@@ -230,7 +230,7 @@ class ScoredSet:
         :attr:`exact` rows), ``exact`` as :attr:`exact`. Does not add them (see :meth:`add`)."""
         if not self.proves:
             scores = checked_scores(self._score(seqs), seqs, self.tolerance)
-            return scores, None, self.full_positions(seqs), np.ones(len(seqs), bool)
+            return scores, None, self.unpacked_positions(seqs), np.ones(len(seqs), bool)
         rows, ok = forward_rows(seqs, self.structure)
         fs, positions, exact = self._forward(seqs, rows, ok, full)
         return checked_frontier(fs, seqs, ok, self.tolerance), (rows, fs), positions, exact
@@ -241,7 +241,16 @@ class ScoredSet:
         return np.ones(known.size, bool) if self._session is None else np.asarray(known) == 0
 
     def full_positions(self, rows: list) -> int:
-        """Token positions full forwards of ``rows`` compute (the prompt counted in each)."""
+        """Token positions full forwards of ``rows`` compute: the prompt counted in each, or
+        once per call where the target packs rows after it (its ``full_positions``)."""
+        own = getattr(self.target, "full_positions", None)
+        if callable(own):
+            return int(own([len(r) for r in rows]))
+        return self.unpacked_positions(rows)
+
+    def unpacked_positions(self, rows: list) -> int:
+        """Token positions forwards of ``rows`` compute with the prompt in every row (a joint
+        call of several prompts, see :mod:`jaxrescore.rescore.many`)."""
         return sum(self._prompt + len(r) for r in rows)
 
     def plan(self, rows: list) -> Reused:

@@ -134,7 +134,7 @@ class Round(NamedTuple):
 
 
 def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
-               width: float = math.inf, adaptive: bool = True):
+               width: float = math.inf, adaptive: bool = True, predicted: float = -math.inf):
     """The next round (a :class:`Round`): the verdict on ``scored`` now, the new sequences the
     next call should score (None when the search stops: proven, no proof possible, or the
     budget is spent), opening at most ``width`` exits (the best by bound, see the module
@@ -151,6 +151,9 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
         :func:`~jaxrescore.rescore.speculate.speculate`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
       width: exits this round may open (see :func:`first_width`).
+      predicted: the score the draft expects the answer's worst to reach (its own k-th best, see
+        :mod:`jaxrescore.rescore.seed`; ``-inf``: none), a floor under the round's aim while
+        anything is open above it.
     """
     if not len(scored) and scored.proves and rounds < budget.max_rounds and not budget.out_of_time():
         # nothing pulled (a draft that lists nothing up front): the draft speculates from the root
@@ -183,16 +186,23 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     # the draft undervalues is not extended one round per token
     margin = TAIL_MARGIN if adaptive and len(prefixes) <= TAIL_EXITS * k else 0.0
     spec = complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
-    aim = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
+    aim = base = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
+    if not margin:
+        aim = max(aim, predicted)
     share = int(share_of(len(prefixes), k))
     if adaptive and aim <= worst and take > share and rising(scored, start + k - 1):
         # the worst answer is still rising and the draft expects no completion above it: it
         # cannot tell which of the exits near the worst will matter (the aim needed the paths of
         # all ``take``; only the best ``share`` exits' are scored)
         spec = spec.of_prefixes(share)
-    new = scored.new(spec.aimed(open_floor(aim, scored.tolerance), scored.structure.eos))[: max(room - len(rest), 0)]
-    if new:  # rest rows below the aim wait, like named exits (a row is a whole V-wide forward)
-        rest = [p for p in rest if rest_values[p] >= open_floor(aim, scored.tolerance)]
+    floor = open_floor(aim, scored.tolerance)
+    new = scored.new(spec.aimed(floor, scored.structure.eos))[: max(room - len(rest), 0)]
+    if not new and aim > base and all(rest_values[p] < floor for p in rest):
+        # nothing open above the draft's aim (it overrated the answer): aim as without it
+        aim, floor = base, open_floor(base, scored.tolerance)
+        new = scored.new(spec.aimed(floor, scored.structure.eos))[: max(room - len(rest), 0)]
+    if new or aim > base:  # rest rows below the aim wait, like named exits (a row is a whole V-wide forward)
+        rest = [p for p in rest if rest_values[p] >= floor]
     if not new and not rest:
         return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
     return Round(proof, new, width if adaptive else 2 * width, rest, ride_along(scored, start + k - 1))
@@ -233,6 +243,7 @@ class SearchState(NamedTuple):
     width: float
     stopped: bool = False
     adaptive: bool = True
+    aim: float = -math.inf
 
 
 def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, draft_scores,
@@ -241,7 +252,7 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
     sequences (and fetch the rows it asks for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
     gives their draft log-probs, NaN when unknown)."""
     proof, new, width, fetch, check = next_round(scored, start, k, complete, budget, state.rounds, state.width,
-                                                 state.adaptive)
+                                                 state.adaptive, state.aim)
     if new is None:
         return state._replace(proof=proof, stopped=True)
     report(f"round {state.rounds + 1} of at most {budget.max_rounds}: scoring {len(new)} new sequences "
@@ -251,15 +262,17 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
 
 
 def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget,
-                 width: float = math.inf, rounds: int = 1, adaptive: bool = True) -> SearchState:
+                 width: float = math.inf, rounds: int = 1, adaptive: bool = True,
+                 aim: float = -math.inf) -> SearchState:
     """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out
     (see :func:`search_step`); ``width``: the exits the first round may open
     (:func:`first_width`), adapted each round (:func:`adapt_width`) or, without ``adaptive``,
-    doubled; ``rounds``: scoring rounds already made. A search that stops with its answer on
+    doubled; ``rounds``: scoring rounds already made; ``aim``: the draft's expected worst
+    answer (see :func:`next_round`'s ``predicted``). A search that stops with its answer on
     cached numbers (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`) checks them by a full
     forward in a call of its own (whatever the budget: no verdict or returned score rests on
     them otherwise) and decides again. Returns the final state."""
-    state = SearchState(None, rounds, width, adaptive=adaptive)
+    state = SearchState(None, rounds, width, adaptive=adaptive, aim=aim)
     while not state.stopped:
         state = search_step(state, scored, start, k, complete, draft_scores, budget)
         if state.stopped and scored.check(start + k - 1):

@@ -191,12 +191,22 @@ def _head(spec: DecoderSpec, params, x):
 # ---- the two forwards ------------------------------------------------------------------------
 
 
-def forward(spec: DecoderSpec, params, tokens):
-    """Teacher forcing: ``tokens int32[B, T]`` (BOS first) -> logits ``[B, T, V]`` (compute dtype)."""
+def forward(spec: DecoderSpec, params, tokens, positions=None, segments=None):
+    """Teacher forcing: ``tokens int32[B, T]`` (BOS first) -> logits ``[B, T, V]`` (compute dtype).
+
+    ``positions`` and ``segments`` (int32[B, T], both or neither) pack several rows after one
+    shared context into each row of ``tokens``: token ``t`` sits at ``positions[b, t]`` and
+    attends, causally, to the tokens of its own segment and of segment 0 (the context). Each
+    packed row's logits are then those of a forward of ``context + row`` on its own.
+    """
     t = tokens.shape[1]
-    positions = jnp.broadcast_to(jnp.arange(t), tokens.shape)
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t), tokens.shape)
     rope = _rope(spec, positions) if spec.family == "llama" else None
     causal = jnp.tril(jnp.ones((t, t), bool))
+    if segments is not None:  # [B, 1, 1, T, T]: broadcast over the heads of the scores
+        seen = (segments[:, None, :] == 0) | (segments[:, None, :] == segments[:, :, None])
+        causal = (causal & seen)[:, None, None]
 
     def layer(x, p):
         def attend(h):
@@ -297,3 +307,16 @@ class NetworkDecode:
     def __call__(self, params, tokens, start, last, ctx, ctx_len, cache, s_out):
         params = params if self.prepare is None else self.prepare(params)
         return decode(self.spec, params, tokens, start, last, ctx, ctx_len, cache, s_out)
+
+
+@dataclass(frozen=True)
+class NetworkPacked:
+    """Hashable packed teacher forcing of a spec: ``(params, tokens, positions, segments) ->
+    logits`` (see :func:`forward`)."""
+
+    spec: DecoderSpec
+    prepare: Callable | None = None
+
+    def __call__(self, params, tokens, positions, segments):
+        params = params if self.prepare is None else self.prepare(params)
+        return forward(self.spec, params, tokens, positions, segments)
