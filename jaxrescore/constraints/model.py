@@ -77,7 +77,7 @@ class ConstrainedModel:
     max_len = property(lambda self: int(self.base.max_len))
     prompt = property(lambda self: tuple(getattr(self.base, "prompt", ())), doc="The base's prompt (or ()).")
 
-    def full_positions(self, lengths) -> int:
+    def full_positions(self, lengths: ArrayLike) -> int:
         """Token positions a :meth:`score_frontier` of rows of ``lengths`` computes (its base's)."""
         own = getattr(self.base, "full_positions", None)
         lengths = np.asarray(lengths, np.int64).reshape(-1)

@@ -207,7 +207,7 @@ class PromptedModel(PromptableMixin):
         in every row."""
         return bool(getattr(self.base, "packs_prompt", False))
 
-    def full_positions(self, lengths) -> int:
+    def full_positions(self, lengths: ArrayLike) -> int:
         """Token positions a :meth:`score_frontier` of continuations of ``lengths`` computes."""
         lengths = np.asarray(lengths, np.int64).reshape(-1)
         if self.packs_prompt:

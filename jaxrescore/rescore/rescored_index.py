@@ -232,7 +232,7 @@ class RescoredIndex:
         return speculate(self.completion_session(), prefixes, target_structure(self.target), self.completion_branch,
                          values, floor)
 
-    def completion_session(self):
+    def completion_session(self) -> Any:
         """The completion model (the draft's; the target's without one) as the index's one
         incremental session (see :class:`~jaxrescore.rescore.speculate.Completer`)."""
         return self._completer.session(self.draft_model if self.draft_model is not None else self.target)

@@ -65,6 +65,7 @@ from jaxrescore.models.pretrained.network import (
 )
 from jaxrescore.models.pretrained.packed import packed_frontier, packed_positions
 from jaxrescore.models.transformer import FLOAT_DTYPES, _float_dtype_name
+from jaxrescore.typing import ArrayLike, Sequences
 
 # model_type in config.json -> the family module that reads it.
 FAMILY_OF = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
@@ -167,12 +168,12 @@ class PretrainedLM(JaxLM):
         whose batch axis shards rows)."""
         return self.mesh is None
 
-    def score_frontier_after(self, prompt: tuple, seqs, *, top_m: int) -> FrontierScores:
+    def score_frontier_after(self, prompt: tuple, seqs: Sequences, *, top_m: int) -> FrontierScores:
         """``score_frontier(prompt + c, skip=len(prompt))`` of continuations ``seqs``, the prompt
         computed once per packed forward (see :mod:`jaxrescore.models.pretrained.packed`)."""
         return packed_frontier(self, NetworkPacked(self.spec, self.apply.prepare), tuple(prompt), seqs, top_m)
 
-    def packed_positions(self, prompt_length: int, lengths) -> int:
+    def packed_positions(self, prompt_length: int, lengths: ArrayLike) -> int:
         """Token positions :meth:`score_frontier_after` computes for continuations of ``lengths``."""
         return packed_positions(prompt_length, lengths)
 
