@@ -458,6 +458,7 @@ def test_packed_rows_after_one_prompt_equal_their_own_forwards(family, gpt2_pair
         p_model = model.with_prompt(prompt)
         assert p_model.packs_prompt
         seqs = _sequences(rng, model.vocab_size, eos, p_model.max_len, 9) + [()]
+        seqs += [seqs[0], seqs[0][:-1], seqs[0][:-1] + (eos,)]  # shared prefixes
         for cap in (default, 6):  # one group; several
             monkeypatch.setattr(packed, "PACK_TOKENS", cap)
             got = p_model.score_frontier(seqs, top_m=4)
@@ -470,10 +471,12 @@ def test_packed_rows_after_one_prompt_equal_their_own_forwards(family, gpt2_pair
                 real = np.arange(w)[None, :] < np.array([len(x) for x in seqs])[:, None]
                 np.testing.assert_allclose(np.where(real[..., None] if a.ndim == 3 else real, a, 0),
                                            np.where(real[..., None] if b.ndim == 3 else real, b, 0), atol=2e-5)
-            lengths = [len(x) for x in seqs]
-            groups = len(packed._groups(np.array(lengths), len(prompt) + 1))
-            assert (groups == 1) == (cap == default)
-            assert p_model.full_positions(lengths) == groups * len(prompt) + sum(lengths)
+            groups = packed._groups(seqs, len(prompt) + 1)
+            assert (len(groups) == 1) == (cap == default)
+            distinct = sum(len({seqs[i][:j] for i in g for j in range(len(seqs[i]))}) for g in groups)
+            assert p_model.full_positions(seqs) == len(groups) * len(prompt) + distinct
+            if cap == default:  # shared prefixes are computed once
+                assert distinct < sum(len(x) for x in seqs)
 
 
 MESH_SCRIPT = textwrap.dedent(

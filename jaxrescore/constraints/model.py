@@ -77,11 +77,10 @@ class ConstrainedModel:
     max_len = property(lambda self: int(self.base.max_len))
     prompt = property(lambda self: tuple(getattr(self.base, "prompt", ())), doc="The base's prompt (or ()).")
 
-    def full_positions(self, lengths: ArrayLike) -> int:
-        """Token positions a :meth:`score_frontier` of rows of ``lengths`` computes (its base's)."""
+    def full_positions(self, rows: list) -> int:
+        """Token positions a :meth:`score_frontier` of ``rows`` computes (its base's)."""
         own = getattr(self.base, "full_positions", None)
-        lengths = np.asarray(lengths, np.int64).reshape(-1)
-        return int(own(lengths)) if callable(own) else int((lengths + len(self.prompt)).sum())
+        return int(own(rows)) if callable(own) else sum(len(self.prompt) + len(r) for r in rows)
     score_tolerance = property(lambda self: getattr(self.base, "score_tolerance", None))
     vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
     tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))

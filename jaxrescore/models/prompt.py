@@ -207,12 +207,11 @@ class PromptedModel(PromptableMixin):
         in every row."""
         return bool(getattr(self.base, "packs_prompt", False))
 
-    def full_positions(self, lengths: ArrayLike) -> int:
-        """Token positions a :meth:`score_frontier` of continuations of ``lengths`` computes."""
-        lengths = np.asarray(lengths, np.int64).reshape(-1)
+    def full_positions(self, rows: list) -> int:
+        """Token positions a :meth:`score_frontier` of the continuations ``rows`` computes."""
         if self.packs_prompt:
-            return self.base.packed_positions(len(self.prompt), lengths)
-        return int((lengths + len(self.prompt)).sum())
+            return int(self.base.packed_positions(len(self.prompt), rows))
+        return sum(len(self.prompt) + len(r) for r in rows)
 
     def score_frontier(self, seqs: Sequences, *, top_m: int, skip: ArrayLike | None = None) -> FrontierScores:
         """The base's ``score_frontier`` of ``prompt + c`` with the prompt's steps skipped:

@@ -245,7 +245,7 @@ class ScoredSet:
         once per call where the target packs rows after it (its ``full_positions``)."""
         own = getattr(self.target, "full_positions", None)
         if callable(own):
-            return int(own([len(r) for r in rows]))
+            return int(own(rows))
         return self.unpacked_positions(rows)
 
     def unpacked_positions(self, rows: list) -> int:

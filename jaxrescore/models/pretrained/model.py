@@ -65,7 +65,7 @@ from jaxrescore.models.pretrained.network import (
 )
 from jaxrescore.models.pretrained.packed import packed_frontier, packed_positions
 from jaxrescore.models.transformer import FLOAT_DTYPES, _float_dtype_name
-from jaxrescore.typing import ArrayLike, Sequences
+from jaxrescore.typing import Sequences
 
 # model_type in config.json -> the family module that reads it.
 FAMILY_OF = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
@@ -173,9 +173,9 @@ class PretrainedLM(JaxLM):
         computed once per packed forward (see :mod:`jaxrescore.models.pretrained.packed`)."""
         return packed_frontier(self, NetworkPacked(self.spec, self.apply.prepare), tuple(prompt), seqs, top_m)
 
-    def packed_positions(self, prompt_length: int, lengths: ArrayLike) -> int:
-        """Token positions :meth:`score_frontier_after` computes for continuations of ``lengths``."""
-        return packed_positions(prompt_length, lengths)
+    def packed_positions(self, prompt_length: int, rows: list) -> int:
+        """Token positions :meth:`score_frontier_after` computes for the continuations ``rows``."""
+        return packed_positions(prompt_length, rows)
 
     def int8_twin(self, *, activations: str = "int8") -> PretrainedLM:
         """The weight-only int8 twin (what :func:`~jaxrescore.models.quantize_int8` returns for

@@ -191,22 +191,22 @@ def _head(spec: DecoderSpec, params, x):
 # ---- the two forwards ------------------------------------------------------------------------
 
 
-def forward(spec: DecoderSpec, params, tokens, positions=None, segments=None):
+def forward(spec: DecoderSpec, params, tokens, positions=None, visible=None):
     """Teacher forcing: ``tokens int32[B, T]`` (BOS first) -> logits ``[B, T, V]`` (compute dtype).
 
-    ``positions`` and ``segments`` (int32[B, T], both or neither) pack several rows after one
-    shared context into each row of ``tokens``: token ``t`` sits at ``positions[b, t]`` and
-    attends, causally, to the tokens of its own segment and of segment 0 (the context). Each
-    packed row's logits are then those of a forward of ``context + row`` on its own.
+    ``positions`` (int32[B, T]) and ``visible`` (bool[B, T, T]), both or neither, pack a tree of
+    rows into each row of ``tokens`` (see :mod:`jaxrescore.models.pretrained.packed`): token
+    ``t`` sits at ``positions[b, t]`` and attends to the tokens ``visible[b, t]`` (its context
+    and ancestors, and itself). Each packed token's logits are then those of a forward of its
+    own path on its own.
     """
     t = tokens.shape[1]
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(t), tokens.shape)
     rope = _rope(spec, positions) if spec.family == "llama" else None
     causal = jnp.tril(jnp.ones((t, t), bool))
-    if segments is not None:  # [B, 1, 1, T, T]: broadcast over the heads of the scores
-        seen = (segments[:, None, :] == 0) | (segments[:, None, :] == segments[:, :, None])
-        causal = (causal & seen)[:, None, None]
+    if visible is not None:  # [B, 1, 1, T, T]: broadcast over the heads of the scores
+        causal = (causal & visible)[:, None, None]
 
     def layer(x, p):
         def attend(h):
@@ -311,12 +311,12 @@ class NetworkDecode:
 
 @dataclass(frozen=True)
 class NetworkPacked:
-    """Hashable packed teacher forcing of a spec: ``(params, tokens, positions, segments) ->
+    """Hashable packed teacher forcing of a spec: ``(params, tokens, positions, visible) ->
     logits`` (see :func:`forward`)."""
 
     spec: DecoderSpec
     prepare: Callable | None = None
 
-    def __call__(self, params, tokens, positions, segments):
+    def __call__(self, params, tokens, positions, visible):
         params = params if self.prepare is None else self.prepare(params)
-        return forward(self.spec, params, tokens, positions, segments)
+        return forward(self.spec, params, tokens, positions, visible)

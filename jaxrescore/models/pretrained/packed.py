@@ -1,14 +1,15 @@
-"""Teacher forcing of many rows after ONE prompt, the prompt computed once.
+"""Teacher forcing of many rows after ONE prompt, the prompt and shared prefixes computed once.
 
 A prompted model's full forward (``score_frontier`` of continuations, see
 :mod:`jaxrescore.models.prompt`) forwards ``prompt + row`` for every row: with a chat prompt of 17
-tokens and answers of 8, two thirds of its positions recompute the same prompt. This network
-packs the rows instead: one sequence holds ``[BOS] + prompt`` (segment 0) and then each row's
-tokens (segment ``i + 1``, at positions ``len(prompt) + 1 + j``), and every token attends,
-causally, to its own segment and to the prompt (:func:`~jaxrescore.models.pretrained.network.forward`
-with ``positions`` and ``segments``). It is still one full teacher-forcing forward, with no
-cache: each row reads exactly what a forward of ``prompt + row`` on its own computes, and the
-answer check of a proof (:mod:`jaxrescore.rescore.scored`) compares the cached path against it.
+tokens and answers of 8, two thirds of its positions recompute the same prompt, and answers that
+begin alike recompute their shared words. This network packs the rows as a tree instead: one
+sequence holds ``[BOS] + prompt`` and then the last token of each distinct prefix of the rows,
+once, at its position in the row; each token attends to the prompt, to its own ancestors and to
+itself (:func:`~jaxrescore.models.pretrained.network.forward` with ``positions`` and ``visible``).
+It is still one full teacher-forcing forward, with no cache: each row reads what a forward of
+``prompt + row`` on its own computes (to float rounding), and the answer check of a proof
+(:mod:`jaxrescore.rescore.scored`) compares the cached path against it.
 """
 
 from __future__ import annotations
@@ -35,40 +36,54 @@ def _bucket(n: int, least: int = 8) -> int:
 
 
 @partial(jax.jit, static_argnums=(0, 7, 8))
-def _packed_stats(packed, params, tokens, positions, segments, at, targets, top_m, eos):
+def _packed_stats(packed, params, tokens, positions, visible, at, targets, top_m, eos):
     """One packed forward's per-position arrays, read at ``at int32[N, W]`` (indices into the
     packed sequence): steps float32[N, W], top-m float32/int32[N, W, m], eos float32[N, W]."""
-    lp = clipped_log_softmax(packed(params, tokens[None], positions[None], segments[None]))[0]
+    lp = clipped_log_softmax(packed(params, tokens[None], positions[None], visible[None]))[0]
     steps = lp[at, targets]
     top_lps, top_ids = jax.lax.top_k(lp, top_m)
     eos_lps = jnp.zeros_like(steps) if eos is None else lp[at, eos]
     return steps, top_lps[at], top_ids[at].astype(jnp.int32), eos_lps
 
 
-def _groups(lengths: np.ndarray, context: int) -> list[list[int]]:
-    """Row indices in packed groups of at most :data:`PACK_TOKENS` tokens (a row feeds
-    ``length - 1`` tokens after the ``context``)."""
+def _groups(rows: list, context: int) -> list[list[int]]:
+    """Indices of the rows with a position (the others need no forward) in packed groups of at
+    most :data:`PACK_TOKENS` tokens when no prefix were shared (a row feeds ``len - 1`` tokens
+    after the ``context``; a longer row gets a group of its own)."""
     groups, size = [[]], context
-    for i, n in enumerate(lengths.tolist()):
-        feed = max(int(n) - 1, 0)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        feed = len(row) - 1
         if groups[-1] and size + feed > PACK_TOKENS:
             groups.append([])
             size = context
         groups[-1].append(i)
         size += feed
-    return groups
+    return [g for g in groups if g]
 
 
-def packed_positions(prompt_length: int, lengths) -> int:
-    """Token positions :func:`packed_frontier` computes for rows of ``lengths``: the prompt once
-    per packed group, then each row's own positions."""
-    lengths = np.asarray(lengths, np.int64).reshape(-1)
-    return len(_groups(lengths, prompt_length + 1)) * prompt_length + int(lengths.sum())
+def _prefixes(rows: list) -> dict:
+    """Every prefix ``row[:j]`` (``j < len(row)``) of ``rows`` once, in first-seen order, mapped
+    to its index among them: the positions a packed forward computes after its context."""
+    seen: dict = {}
+    for row in rows:
+        for j in range(len(row)):
+            seen.setdefault(row[:j], len(seen))
+    return seen
+
+
+def packed_positions(prompt_length: int, rows: list) -> int:
+    """Token positions :func:`packed_frontier` computes for the continuations ``rows``: per
+    packed group, the prompt once and each distinct prefix of its rows once."""
+    rows = [tuple(r) for r in rows]
+    return sum(prompt_length + len(_prefixes([rows[i] for i in g])) for g in _groups(rows, prompt_length + 1))
 
 
 def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int) -> FrontierScores:
     """``model.score_frontier(prompt + c, skip=len(prompt))`` of the continuations ``seqs`` (see
-    :class:`~jaxrescore.models.scores.FrontierScores`), by packed forwards of ``packed``.
+    :class:`~jaxrescore.models.scores.FrontierScores`), by packed forwards of ``packed``: the
+    rows of a group as one tree after one copy of the prompt, each distinct prefix computed once.
 
     Args:
       model: the network's model (``vocab_size``, ``eos``, ``max_len``, ``bos_id``, device params).
@@ -78,19 +93,19 @@ def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int) -> FrontierS
       top_m: the per-position top-m (capped at V).
     """
     batch = as_sequence_batch(seqs)
-    p = len(prompt)
-    check_tokens(batch, model.vocab_size, model.max_len - p)
+    check_tokens(batch, model.vocab_size, model.max_len - len(prompt))
     top_m = min(int(top_m), model.vocab_size)
     n, width = batch.size, _bucket(int(batch.lengths.max(initial=1)))
     steps = np.zeros((n, width), np.float32)
     top_lps = np.full((n, width, top_m), -np.inf, np.float32)
     top_ids = np.zeros((n, width, top_m), np.int32)
     eos_lps = np.full((n, width), -np.inf, np.float32)
+    rows = batch.to_tuples()
     context = np.array((model.bos_id,) + tuple(prompt), np.int32)
     with mesh_context(model.mesh):
         params = model._device_params()
-        for group in _groups(batch.lengths, p + 1):
-            out = _forward_group(model, packed, params, context, batch, group, width, top_m)
+        for group in _groups(rows, len(context)):
+            out = _forward_group(packed, params, context, [rows[i] for i in group], width, top_m, model.eos)
             for a, part in zip((steps, top_lps, top_ids, eos_lps), out):
                 a[group] = part
     check_nan(model, steps, batch.lengths, "score_frontier")
@@ -98,28 +113,34 @@ def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int) -> FrontierS
     return assemble(batch, None, steps, top_lps, top_ids, None if model.eos is None else eos_lps)
 
 
-def _forward_group(model, packed, params, context, batch, group: list[int], width: int, top_m: int):
-    """The packed forward of the rows ``group``: their arrays ``[len(group), width, ...]``."""
-    feeds = [batch.tokens[i, : max(int(batch.lengths[i]) - 1, 0)] for i in group]
-    size = _bucket(len(context) + sum(f.size for f in feeds), 16)
+def _forward_group(packed, params, context: np.ndarray, rows: list, width: int, top_m: int, eos):
+    """The packed forward of ``rows`` (non-empty token tuples): their arrays ``[len(rows), width,
+    ...]``. The sequence holds the context, then each distinct prefix's last token once (at its
+    position in the row), which sees the context and its own ancestors."""
+    c = len(context)
+    prefixes = _prefixes(rows)  # prefix -> its index; () is the context's last token
+    size = _bucket(c + len(prefixes) - 1, 16)
     tokens = np.zeros(size, np.int32)
     positions = np.zeros(size, np.int32)
-    segments = np.full(size, -1, np.int32)  # padding: a segment of its own, seen by nothing real
-    c = len(context)
-    tokens[:c], positions[:c], segments[:c] = context, np.arange(c), 0
-    rows = _bucket(len(group), 1)
-    at = np.zeros((rows, width), np.int32)
-    targets = np.zeros((rows, width), np.int32)
-    end = c
-    for r, (i, feed) in enumerate(zip(group, feeds)):
-        tokens[end : end + feed.size] = feed
-        positions[end : end + feed.size] = c + np.arange(feed.size)
-        segments[end : end + feed.size] = r + 1
-        n = int(batch.lengths[i])
-        at[r, :n] = np.concatenate([[c - 1], end + np.arange(feed.size)])[:n]  # after prompt + row[:j]
-        targets[r, :n] = batch.tokens[i, :n]
-        end += feed.size
+    visible = np.eye(size, dtype=bool)  # padding sees itself only (never an empty softmax)
+    tokens[:c], positions[:c] = context, np.arange(c)
+    visible[:c, :c] = True  # the context, causally (the forward's causal mask)
+    where = {}
+    for prefix in prefixes:  # first-seen order: a prefix's parent comes before it
+        if not prefix:
+            where[prefix] = c - 1
+            continue
+        q, parent = c + len(where) - 1, where[prefix[:-1]]
+        tokens[q], positions[q] = prefix[-1], c + len(prefix) - 1
+        visible[q] = visible[parent]
+        visible[q, q] = True
+        where[prefix] = q
+    rows_b = _bucket(len(rows), 1)
+    at = np.zeros((rows_b, width), np.int32)
+    targets = np.zeros((rows_b, width), np.int32)
+    for r, row in enumerate(rows):
+        at[r, : len(row)] = [where[row[:j]] for j in range(len(row))]  # after prompt + row[:j]
+        targets[r, : len(row)] = row
     put = jnp.asarray
-    out = _packed_stats(packed, params, put(tokens), put(positions), put(segments), put(at), put(targets),
-                        top_m, model.eos)
-    return tuple(np.asarray(jax.device_get(a))[: len(group)] for a in out)
+    out = _packed_stats(packed, params, put(tokens), put(positions), put(visible), put(at), put(targets), top_m, eos)
+    return tuple(np.asarray(jax.device_get(a))[: len(rows)] for a in out)
