@@ -178,24 +178,26 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     room = budget.max_sequences - scored.sequences
     if room <= 0:
         return Round(proof._replace(reason=f"{proof.reason}; stopped at max_sequences={budget.max_sequences}"), None, width)
-    prefixes, values, rest_values = _open_prefixes(scored, front, start, k)
+    # only the best exits a round can open become tuples: a poor draft's frontier over fetched
+    # V-wide rows holds millions of open exits (SmolLM2 with a 10-layer self-draft: 6 GB of them)
+    worst = kth_best(scored.target_lps, start + k - 1)
+    adapted = adapt_width(width, scored.new_node_values(), worst, k) if adaptive else width
+    prefixes, values, rest_values, n_open = _open_prefixes(scored, front, start, k, int(min(room, adapted)))
     rest = [p for p in rest_values if p not in scored.rows][:room]
     if not prefixes and rest:  # only "rest" exits are open: their rows first (a call of its own)
         if not scored.fetch_rows(rest):
             return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
-        return next_round(scored, start, k, complete, budget, rounds, width, adaptive)
-    worst = kth_best(scored.target_lps, start + k - 1)
-    if adaptive:
-        width = adapt_width(width, scored.new_node_values(), worst, k)
+        return next_round(scored, start, k, complete, budget, rounds, width, adaptive, predicted)
+    width = adapted
     take = int(min(room - len(rest), width))
     # few exits left (the answer is nearly settled): speculate below the answer too, so a path
     # the draft undervalues is not extended one round per token
-    margin = TAIL_MARGIN if adaptive and len(prefixes) <= TAIL_EXITS * k else 0.0
+    margin = TAIL_MARGIN if adaptive and n_open <= TAIL_EXITS * k else 0.0
     spec = complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
     aim = base = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
     if not margin:
         aim = max(aim, predicted)
-    share = int(share_of(len(prefixes), k))
+    share = int(share_of(n_open, k))
     if adaptive and aim <= worst and take > share and rising(scored, start + k - 1):
         # the worst answer is still rising and the draft expects no completion above it: it
         # cannot tell which of the exits near the worst will matter (the aim needed the paths of
@@ -315,11 +317,12 @@ def grow_until_certified(q: Query, draft: DraftView, pull: DraftPull, scored: Sc
     return pull, rounds
 
 
-def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int):
-    """``(prefixes, values float64[P], rest)``: the ``p + t`` prefixes of the open exits whose
-    token is named and their exact target log-probs, likeliest first, and the nodes ``p``
-    (likeliest first) whose open exit is a top-m "rest" (every token the forward did not name:
-    only the node's full row resolves it), each mapped to that exit's bound."""
+def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, limit: int):
+    """``(prefixes, values float64[P], rest, n_open)``: the ``p + t`` prefixes of the best
+    ``limit`` open exits whose token is named and their exact target log-probs, likeliest first,
+    the nodes ``p`` (likeliest first) whose open exit is a top-m "rest" (every token the forward
+    did not name: only the node's full row resolves it), each mapped to that exit's bound, and
+    how many named exits are open in all."""
     worst = kth_best(scored.target_lps, start + k - 1)
     ex = front.exits
     is_open = ~clears(worst, ex.value, scored.tolerance)
@@ -336,4 +339,5 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int):
         rest.setdefault(prefix(e), float(value[e]))
     # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
     named = np.flatnonzero(token != REST)
-    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in named], value[named], rest
+    best = named[: max(limit, 0)]
+    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in best], value[best], rest, named.size
