@@ -205,8 +205,9 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
         "98 MB GGUF, about 2 s, is not). Proof: `jaxrescore.top_k(target, quantize_int8(target), k, "
         "prompt=..., max_new_tokens=...)`; best-first: `best_first_top_k(target.with_prompt(prompt, "
         "max_new_tokens=n), k)` (KV cache, batch k); beam: `beam_search(..., k)`. The proof's "
-        "positions include the full forwards that check its answer (each checked row whole, its "
-        "prompt included: `result.check_positions`); \"of them searching\" leaves them out. "
+        "positions include the full forward that checks its answer (its rows packed after one copy "
+        "of the prompt, each distinct prefix once: `result.check_positions`); \"of them searching\" "
+        "leaves them out. "
         "Best-first's expansions are one cached position each, its scores the cached path's "
         "(unchecked). The constrained row passes `constraint=` to the proof, and best-first and beam "
         "search run over `ConstrainedModel(model, constraint)` (they prune by it).",
@@ -244,6 +245,11 @@ def run(quick: bool = False, out_dir: str | None = None) -> str:
             "",
             table(["draft", "proven", "same answer", "target positions", "draft positions (speculation)",
                    "draft index rows", "calls", "wall s"], drows, "lllrrrrr"),
+            "",
+            "The first 10 layers with the head are no language model: their own top-5 answers score about "
+            "-46 nats under themselves (the target's fifth, -6.8), so the search starts from a worst answer "
+            "far below the final one, fetches the full V-wide rows of nearly every node it scores, and the "
+            "frontier over those rows outgrows the memory cap. It does not pay as a draft.",
         ]
     return section(title, COMMAND, "\n".join(lines))
 
