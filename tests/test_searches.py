@@ -85,6 +85,11 @@ def test_best_first_is_exact(seed, vocab, max_len, eos, batch):
         best_first_top_k(model, 2, batch=0)
     with pytest.raises(ValueError, match="max_forwards"):
         best_first_top_k(model, 2, max_forwards=0)
+    timed_out = best_first_top_k(model, 2, max_seconds=0)  # stops before its first call
+    assert (timed_out.forwards, timed_out.exact, timed_out.items) == (0, False, [])
+    assert best_first_top_k(model, 2, max_seconds=60).exact
+    with pytest.raises(ValueError, match="max_seconds"):
+        best_first_top_k(model, 2, max_seconds=-1)
 
 
 def _tied(table, seed):

@@ -20,11 +20,12 @@ the expanded prefixes, ``forwards`` and ``calls`` are those of pushing every chi
 from __future__ import annotations
 
 import heapq
+import time
 from typing import NamedTuple
 
 import numpy as np
 
-from jaxrescore._checks import check_int
+from jaxrescore._checks import check_float, check_int
 from jaxrescore.models.decoding import incremental
 
 
@@ -41,7 +42,8 @@ class BestFirstResult(NamedTuple):
     exact: bool = True
 
 
-def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: int | None = None) -> BestFirstResult:
+def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: int | None = None,
+                     max_seconds: float | None = None) -> BestFirstResult:
     """The exact top-``k`` sequences of ``model`` by batched best-first search.
 
     Ties: open prefixes of equal log-prob expand in Python's tuple order; a complete sequence
@@ -56,10 +58,14 @@ def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: i
         more rows evaluated beyond what the proof needs.
       max_forwards: stop before a call that would take the prefix rows evaluated past it (None:
         no limit); the result is then not ``exact``.
+      max_seconds: stop before a call once that many seconds have passed (None: no limit); the
+        result is then not ``exact``.
     """
     k = check_int(k, "k", minimum=1)
     batch = k if batch is None else check_int(batch, "batch", minimum=1)
     limit = None if max_forwards is None else check_int(max_forwards, "max_forwards", minimum=1)
+    seconds = check_float(max_seconds, "max_seconds", minimum=0.0, allow_none=True, unit="seconds")
+    deadline = None if seconds is None else time.monotonic() + seconds
     model = incremental(model)
     eos, max_len = model.eos, int(model.max_len)
     # (negated log-prob, prefix, its _Children, its index there): a max-heap by log-prob holding
@@ -72,7 +78,7 @@ def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: i
         kth = best[0][0] if len(best) >= k else -np.inf
         if -open_[0][0] <= kth:
             break  # no open prefix can beat the k-th best complete sequence
-        if limit is not None and forwards >= limit:
+        if limit is not None and forwards >= limit or deadline is not None and time.monotonic() >= deadline:
             exact = False
             break
         take = _pop(open_, batch, kth)

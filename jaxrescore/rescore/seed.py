@@ -13,7 +13,8 @@ speculation then extends), gives both: its sequences are the first sequences the
 answer is expected to reach.
 
 Policy, not soundness: the target scores every seeded sequence and the proof reads only the
-target's numbers. The draft's search is bounded (:func:`seed_rows`); cut short, its best complete
+target's numbers. The draft's search is bounded (:func:`seed_rows`, and the query's
+``max_seconds``); cut short, its best complete
 sequences still seed the search and their k-th draft score (then below the draft's own k-th)
 still aims it, only lower.
 """
@@ -21,6 +22,7 @@ still aims it, only lower.
 from __future__ import annotations
 
 import math
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -54,10 +56,10 @@ def seed_rows(k: int, max_sequences: int) -> int:
     return max(1, min(SEED_ROWS_PER_ITEM * k, max_sequences))
 
 
-def draft_top_k(session, k: int, max_rows: int) -> Seed:
+def draft_top_k(session, k: int, max_rows: int, max_seconds: float | None = None) -> Seed:
     """The draft's top-``k`` by best-first search over ``session`` (the completion model, any
-    ``next_logprobs`` model), evaluating at most ``max_rows`` rows."""
-    found = best_first_top_k(session, k, batch=max(SEED_BATCH, k), max_forwards=max_rows)
+    ``next_logprobs`` model), evaluating at most ``max_rows`` rows, in at most ``max_seconds``."""
+    found = best_first_top_k(session, k, batch=max(SEED_BATCH, k), max_forwards=max_rows, max_seconds=max_seconds)
     seqs = [tuple(int(t) for t in s) for s, _ in found.items]
     lps = np.array([lp for _, lp in found.items], np.float64)
     return Seed(seqs, lps, float(lps[k - 1]) if lps.size >= k else -math.inf)
@@ -77,4 +79,5 @@ def seed_of(index, k: int, budget: SearchBudget) -> Seed:
         return NO_SEED
     if index.draft_index.model is index.target:  # no draft (the target speculates): its own
         return NO_SEED  # best-first would be the whole search, uncounted as target work
-    return draft_top_k(index.completion_session(), k, seed_rows(k, budget.max_sequences))
+    left = None if budget.max_seconds is None else max(0.0, budget.max_seconds - (time.monotonic() - budget.started))
+    return draft_top_k(index.completion_session(), k, seed_rows(k, budget.max_sequences), left)
