@@ -32,9 +32,9 @@ from jaxrescore.models.decoding import incremental
 class BestFirstResult(NamedTuple):
     """``items``: the top-k ``(sequence, log_prob)`` pairs, best first (log-probs summed from the
     model's ``next_logprobs`` rows, float64); ``forwards``: prefix rows evaluated; ``calls``:
-    batched model calls; ``exact``: False when ``max_forwards`` stopped the search with a prefix
-    still open that could beat the k-th item (the items are then the best complete sequences
-    found, possibly fewer than k)."""
+    batched model calls; ``exact``: False when ``max_forwards`` or ``max_seconds`` stopped the
+    search with a prefix still open that could beat the k-th item (the items are then the best
+    complete sequences found, possibly fewer than k)."""
 
     items: list
     forwards: int

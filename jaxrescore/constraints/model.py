@@ -76,14 +76,14 @@ class ConstrainedModel:
     eos = property(lambda self: self.base.eos)
     max_len = property(lambda self: int(self.base.max_len))
     prompt = property(lambda self: tuple(getattr(self.base, "prompt", ())), doc="The base's prompt (or ()).")
+    score_tolerance = property(lambda self: getattr(self.base, "score_tolerance", None))
+    vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
+    tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))
 
     def full_positions(self, rows: list) -> int:
         """Token positions a :meth:`score_frontier` of ``rows`` computes (its base's)."""
         own = getattr(self.base, "full_positions", None)
         return int(own(rows)) if callable(own) else sum(len(self.prompt) + len(r) for r in rows)
-    score_tolerance = property(lambda self: getattr(self.base, "score_tolerance", None))
-    vocabulary = property(lambda self: getattr(self.base, "vocabulary", None))
-    tokenizer = property(lambda self: getattr(self.base, "tokenizer", None))
 
     def with_prompt(self, tokens, *, max_new_tokens: int | None = None) -> "ConstrainedModel":
         """The base's continuations of ``tokens`` (ids, or text) under the same constraint (it

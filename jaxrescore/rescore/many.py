@@ -16,7 +16,7 @@ from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_score
 from jaxrescore.rescore.reuse import pad_fresh, shift_left
 from jaxrescore.rescore.run import certificate_probe
 from jaxrescore.rescore.search import Round, SearchState, first_width, grow_until_certified, next_round
-from jaxrescore.rescore.seed import NO_SEED, seed_of
+from jaxrescore.rescore.seed import first_rows
 from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
@@ -145,17 +145,13 @@ def rescore_many(
     searching = mode.prove or mode.until_certified
     pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
              if searching else ri.draft.pull(q.extent) for ri, q in zip(indexes, queries)]
-    # a draft that lists nothing: its own top-k first, unranked (see rescore.seed)
-    seeds = [seed_of(ri, q.start + q.k, mode.budget) if mode.prove and not pull.seqs else NO_SEED
-             for ri, q, pull in zip(indexes, queries, pulls)]
+    firsts = [first_rows(ri, pull, q.start + q.k, mode.budget, mode.prove)  # a draft listing nothing: its top-k
+              for ri, q, pull in zip(indexes, queries, pulls)]
     sets = [ri.new_scored_set() for ri in indexes]
-    parts = [seed.seqs or pull.seqs for pull, seed in zip(pulls, seeds)]
+    parts = [first.seqs for first in firsts]
     results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
-    for s, pull, seed, scored in zip(sets, pulls, seeds, results):
-        if seed.seqs:
-            s.add(seed.seqs, seed.draft_lps, np.full(len(seed.seqs), -1), scored=scored)
-        else:
-            s.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), scored=scored)
+    for s, first, scored in zip(sets, firsts, results):
+        s.add(first.seqs, first.draft_lps, first.ranks, scored=scored)
         s.calls = int(scored[2] > 0)  # it took part in the call when it forwarded a row
     covers = [Query(0, q.start + q.k, 0, q.gap) for q in queries]
     rounds = [1 if part else 0 for part in parts]  # an empty pull made no call
@@ -166,7 +162,7 @@ def rescore_many(
                                                            certificate_probe(ri, cover))
             if not mode.prove and sets[i].check(cover.k - 1):  # the answer's cached rows: a full forward
                 rounds[i] += 1
-    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds, [seed.aim for seed in seeds]) if mode.prove else None
+    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds, [first.aim for first in firsts]) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
         rows = [len(s)] if searching else [min(q.extent, len(pull.seqs))]
@@ -181,8 +177,8 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
                     aims: list[float]) -> list[SearchState]:
     """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
     rounds each has made; ``aims``: each draft's expected worst answer, see
-    :mod:`jaxrescore.rescore.seed`): per round, each unproven index's new sequences, scored together in ONE
-    call. Returns each index's final search state."""
+    :mod:`jaxrescore.rescore.seed`): per round, each unproven index's new sequences, scored
+    together in ONE call. Returns each index's final search state."""
     states = [SearchState(None, r, first_width(ri.search_width, k), adaptive=ri.adaptive_width, aim=a)
               for ri, r, a in zip(indexes, rounds, aims)]
     while True:

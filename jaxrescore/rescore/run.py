@@ -16,7 +16,7 @@ from jaxrescore.rescore.answer import run_core
 from jaxrescore.rescore.proof import slice_worst
 from jaxrescore.rescore.queries import Mode, Query
 from jaxrescore.rescore.search import first_width, grow_until_certified, prove_search
-from jaxrescore.rescore.seed import NO_SEED, seed_of
+from jaxrescore.rescore.seed import first_rows
 
 
 def run_queries(index, queries: list[Query], mode: Mode) -> list:
@@ -29,23 +29,19 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     pull = draft.pull(min(extent, budget.max_sequences), max_rows=budget.max_sequences) if searching \
         else draft.pull(extent)
     cover = Query(0, max(q.start + q.k for q in queries), 0, None)
-    # a draft that lists nothing: its own top-k first, unranked (see rescore.seed)
-    seed = seed_of(index, cover.k, budget) if mode.prove and not pull.seqs else NO_SEED
+    first = first_rows(index, pull, cover.k, budget, mode.prove)  # a draft listing nothing: its top-k
     scored = index.new_scored_set()
     # A query that does not search returns from this call alone: its rows are teacher-forced
     # whole by the target's own forward (the spec's one batched forward: exact scores, no
     # cached numbers to check); a search's first call feeds the caches its later rounds extend.
-    if seed.seqs:
-        scored.add(seed.seqs, seed.draft_lps, np.full(len(seed.seqs), -1))
-    else:
-        scored.add(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), full=not searching)
+    scored.add(first.seqs, first.draft_lps, first.ranks, full=not searching)
     gaps = [q.gap for q in queries if q.gap is not None]
     if not searching:
         rows = [min(q.extent, len(pull.seqs)) for q in queries]
         bounds = {r: draft.bound(r, pull) for r, q in zip(rows, queries) if q.gap is not None}
         return index.answer(queries, scored, rows, bounds)
     cover = cover._replace(gap=max(gaps) if gaps else None)
-    rounds = 1 if pull.seqs or seed.seqs else 0  # an empty pull made no call
+    rounds = 1 if first.seqs else 0  # an empty pull made no call
     if mode.until_certified:
         pull, rounds = grow_until_certified(cover, draft, pull, scored, budget, certificate_probe(index, cover))
         if not mode.prove and scored.check(cover.k - 1):  # the answer's cached rows: a full forward
@@ -56,7 +52,7 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     proofs = None
     if mode.prove:
         state = prove_search(scored, 0, cover.k, index.speculate, index.draft_scores, budget,
-                             first_width(index.search_width, cover.k), rounds, index.adaptive_width, seed.aim)
+                             first_width(index.search_width, cover.k), rounds, index.adaptive_width, first.aim)
         rounds = state.rounds
         # One query's slice has the cover's worst rank: the search's last verdict is its own.
         proofs = [state.proof] if len(queries) == 1 else None

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxrescore.baselines.best_first import best_first_top_k
-from jaxrescore.rescore.draft import SpeculativeDraft
+from jaxrescore.rescore.draft import DraftPull, SpeculativeDraft
 from jaxrescore.rescore.queries import SearchBudget
 
 # The draft rows the seed's best-first search may evaluate, per item asked. A near-uniform draft
@@ -83,3 +83,22 @@ def seed_of(index, k: int, budget: SearchBudget) -> Seed:
         return NO_SEED  # best-first would be the whole search, uncounted as target work
     left = None if budget.max_seconds is None else max(0.0, budget.max_seconds - (time.monotonic() - budget.started))
     return draft_top_k(index.completion_session(), k, seed_rows(k, budget.max_sequences), left)
+
+
+class FirstRows(NamedTuple):
+    """What a query's first call scores: ``seqs``, their ``draft_lps`` float64[N] and draft
+    ``ranks`` int[N] (-1: not the index's), and the ``aim`` its search starts with."""
+
+    seqs: list
+    draft_lps: np.ndarray
+    ranks: np.ndarray
+    aim: float
+
+
+def first_rows(index, pull: DraftPull, k: int, budget: SearchBudget, prove: bool) -> FirstRows:
+    """The pulled head, or, for a proving search whose pull is empty, the draft's own top ``k``
+    (:func:`seed_of`), unranked."""
+    seed = seed_of(index, k, budget) if prove and not pull.seqs else NO_SEED
+    if seed.seqs:
+        return FirstRows(seed.seqs, seed.draft_lps, np.full(len(seed.seqs), -1), seed.aim)
+    return FirstRows(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), -math.inf)

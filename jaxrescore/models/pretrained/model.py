@@ -181,9 +181,10 @@ class PretrainedLM(JaxLM):
         """The weight-only int8 twin (what :func:`~jaxrescore.models.quantize_int8` returns for
         this model): every projection matrix int8 with one float32 scale per output column and
         layer, the embedding (and an untied head) per row/column; norms, biases and GPT-2's
-        position table stay as they are. Weights are dequantised inside the jit (on CPU once, and
-        held: see ``_device_params``), so the twin stores ~4x less off CPU and runs the float network (``activations`` is accepted for
-        ``quantize_int8``'s signature; integer matmuls are the TransformerLM twin's)."""
+        position table stay as they are. Off CPU the weights are dequantised inside the jit, so
+        the twin stores ~4x less; on CPU once, and held (see ``_device_params``). It runs the
+        float network (``activations`` is accepted for ``quantize_int8``'s signature; integer
+        matmuls are the TransformerLM twin's)."""
         if self.quantized:
             raise TypeError("this model is already an int8 twin")
         p = jax.tree.map(to_host, self.params)
