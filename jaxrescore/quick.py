@@ -36,7 +36,7 @@ def top_k(
     prompt: Any = None,
     prove: bool = True,
     until_certified: bool = False,
-    rerank_window: int = 64,
+    rerank_window: int | None = None,
     assumed_gap: float | None = None,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
     max_sequences: int | None = None,
@@ -69,8 +69,8 @@ def top_k(
       max_new_tokens: sequences (continuations) of at most this many tokens, ``eos`` included
         (``generate``'s length cap); None: up to the models' ``max_len``.
       index: how the draft orders the search. ``"seek"``: a :class:`~jaxrescore.index.SeekIndex`
-        over the draft (its exact quantized order; the first round scores its head of
-        ``k + rerank_window``); ``"none"``: no index, the draft model speculates every path from
+        over the draft (its exact quantized order; the first round scores its head of k, plus
+        ``rerank_window`` if given); ``"none"``: no index, the draft model speculates every path from
         the root (:class:`~jaxrescore.rescore.draft.SpeculativeDraft`); ``"auto"`` (default):
         ``"none"`` for a proof (no ``assumed_gap``) with a network draft, whose every index row
         is a forward (on SmolLM2-135M's chat answers the index grew past 1,500 rows without

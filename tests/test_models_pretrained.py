@@ -448,7 +448,7 @@ def test_packed_rows_after_one_prompt_equal_their_own_forwards(family, gpt2_pair
     """A prompted model's full forward packs its rows after ONE copy of the prompt: every
     number equals the forward of ``prompt + row`` on its own (rows of every length, an empty
     one, groups split by the packing cap), and it counts the prompt once per packed group."""
-    from jaxrescore.models.pretrained import packed
+    from jaxrescore.models import packed
 
     t_dir = (gpt2_pair if family == "gpt2" else llama_pair)[0]
     model = from_pretrained(t_dir)

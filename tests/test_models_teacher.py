@@ -99,6 +99,36 @@ def test_positions_counted_are_exactly_what_is_fed():
     assert fresh.positions - before == 1
 
 
+@pytest.mark.parametrize("family,prompt", [("transformer", ()), ("transformer", (2, 3, 1)), ("gpt2", (3,)),
+                                            ("llama", ())])
+def test_packed_force_is_the_full_forward_and_holds_caches_to_extend(family, prompt, tmp_path):
+    """A session's first rows by ONE packed full forward: the numbers are ``score_frontier``'s,
+    the positions the packed sequence's (the context and each distinct prefix once), and the
+    caches it holds serve later rows exactly as a feed's would (one position per new token)."""
+    if family == "transformer":
+        base = tiny()
+    else:
+        pytest.importorskip("safetensors.numpy")
+        pytest.importorskip("tokenizers")
+        from test_models_pretrained import write_gpt2_pair, write_llama_pair
+
+        base = from_pretrained((write_gpt2_pair if family == "gpt2" else write_llama_pair)(tmp_path)[0])
+    model = base.with_prompt(prompt) if prompt else base
+    eos, v = model.eos, min(model.vocab_size, 6)
+    rows = random_rows(np.random.default_rng(4), 12, v, min(model.max_len, 8) - 1, eos)
+    rows += [rows[0][:1] + (eos,), ()]  # a shared prefix; an empty row
+    session = decoding_session(model)
+    got, positions = session.packed_force(rows, 4)
+    want = model.score_frontier(rows, top_m=4)
+    np.testing.assert_allclose(got.scores, want.scores, atol=1e-5)
+    np.testing.assert_allclose(got.top_lps, want.top_lps, atol=1e-5)
+    distinct = {r[:j] for r in rows for j in range(1, len(r))}
+    assert positions == session.positions == len(prompt) + 1 + len(distinct)
+    assert positions < sum(len(r) for r in rows)
+    for fed in sorted({r[:-1] for r in rows if len(r) > 1}):  # each held: one new position
+        assert check(model, session, [fed + (1, eos)], [len(fed) + 1], 4) == 1
+
+
 def test_eviction_under_a_tiny_budget_stays_correct():
     m = tiny()
     s = decoding_session(m, max_bytes=1 << 12)

@@ -51,9 +51,9 @@ def test_assembled_rows_equal_a_full_forward_and_cost_only_new_nodes(prompt):
     s = scored_set(target, top_m=2)  # top-2 of 6: a step outside it forces a recomputed position
     first = [(1, 2, 3, 0), (1, 4, 0)]
     add(s, first)
-    # position 0 is the context's row; each row feeds its tokens but the last (token 1 in both:
-    # rows of one call that diverge share nothing)
-    assert s.positions == 3 + 2 and s.calls == 1
+    # the first call is ONE packed full forward: the context (BOS and the prompt) and each
+    # distinct prefix once, (1,), (1, 2), (1, 2, 3), (1, 4); its rows are full-forward numbers
+    assert s.positions == 1 + len(prompt) + 4 and s.calls == 1 and s.exact.all()
     rows = s.arrays()
     top = {tuple(first[0][:j]): set(rows.top_ids[0, j].tolist()) for j in range(4)}
     # (1, 2, 3, 5, 0): continues (1, 2, 3) with token 5, then one more node
@@ -114,11 +114,23 @@ def test_proof_over_held_caches_equals_best_first_in_fewer_positions():
         np.testing.assert_allclose([lp for _, lp in r.items], [lp for _, lp in exact.items], atol=1e-3)
     cached, full = (r.positions for r in results)
     assert 0 < cached < full
-    # the answer's check: each of its rows forwarded whole once on the cached path (the answer is
-    # checked once it reaches the round's aim, not again when a round changes it), none on full
-    # forwards (their numbers need no check)
-    r = results[0]
-    assert r.check_positions == sum(len(s) for s, _ in r.items) < r.positions
+    # the check: the first call is a packed full forward (its rows need none), so it forwards the
+    # cached rows of the answer, topped up with the best cached rows to the answer's size, packed;
+    # none on full forwards (their numbers need no check)
+    checked, ranks, store = [], [], ScoredSet.store_check
+
+    def spy(self, c):
+        if c is not None:
+            checked.extend(self.seqs[i] for i in c[0])
+            ranks.extend(self.ranks[c[0]].tolist())
+        return store(self, c)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ScoredSet, "store_check", spy)
+        r = RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=4, draft_model=draft).top_k(6, prove=True)
+    assert r.items == results[0].items
+    assert len(set(checked)) == len(checked) >= 6 and set(ranks) == {-1}  # the search's rows only
+    assert r.check_positions == target.full_positions(checked) < r.positions
     assert results[1].check_positions == 0
 
 
@@ -154,6 +166,13 @@ class DriftingLM(TransformerLM):
         return Decoder(Drifted(dec.fn, self.bias), dec.empty_context, dec.prefix_reuse)
 
 
+class DriftingUnpackedLM(DriftingLM):
+    """A drifting TransformerLM whose full forward is one row per sequence (no packed first
+    call): every row the search scores is on the cached path, the answer's too."""
+
+    packs_prompt = False
+
+
 def test_a_cached_path_that_drifts_from_the_full_forward_is_refused_not_proven_wrong(monkeypatch):
     """Issue 36 item 3: token 2's cached logit is 0.00113 nats high, which moves a cached step by
     up to 1.1x the 1e-3 tolerance. Trusting the cache alone (the library before the check,
@@ -161,7 +180,7 @@ def test_a_cached_path_that_drifts_from_the_full_forward_is_refused_not_proven_w
     with the check the answer's full forward shows the drift, the proof is refused with its size
     and the tolerance, and the returned scores are the full forward's."""
     cfg = TransformerConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, max_len=5, eos=0)
-    target = DriftingLM(cfg, seed=2)
+    target = DriftingUnpackedLM(cfg, seed=2)
     target.bias = (0.0, 0.0, 0.00113, 0.0, 0.0)
     draft = TransformerLM(cfg, seed=102)
     support = [body + (0,) for n in range(5) for body in itertools.product(range(1, 5), repeat=n)]
@@ -184,3 +203,24 @@ def test_a_cached_path_that_drifts_from_the_full_forward_is_refused_not_proven_w
     exact = sorted(truth.values(), reverse=True)[:5]
     assert wrong.proven is True and [s for s, _ in wrong.items] == sorted(truth, key=truth.get, reverse=True)[:5]
     assert max(abs(lp - t) for (_, lp), t in zip(wrong.items, exact)) > target.score_tolerance
+
+
+@pytest.mark.parametrize("bias", [0.00113, 0.02])
+def test_a_packed_first_call_keeps_the_drift_check(bias):
+    """With a packed first call the answer's rows are full-forward numbers, but the bound rests
+    on the search's cached rows: the best of those, as many as the answer holds, are checked.
+    A drift the sample shows (0.02 nats on token 2's logit) refuses the proof; one it does not
+    show leaves a proof whose every returned score is the full forward's, and the answer exact."""
+    cfg = TransformerConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, max_len=5, eos=0)
+    target = DriftingLM(cfg, seed=2)
+    target.bias = (0.0, 0.0, bias, 0.0, 0.0)
+    draft = TransformerLM(cfg, seed=102)
+    support = [body + (0,) for n in range(5) for body in itertools.product(range(1, 5), repeat=n)]
+    truth = dict(zip(support, np.asarray(target.score_sequences(support), np.float64)))
+    r = RescoredIndex(SeekIndex(draft, progress=False), target, rerank_window=4, draft_model=draft).top_k(5, prove=True)
+    assert r.check_positions > 0 and all(abs(lp - truth[tuple(s)]) <= 1e-5 for s, lp in r.items)
+    if bias > 0.01:
+        assert r.proven is False and "disagrees with its full forward by" in r.proof_reason
+    else:
+        assert r.proven is True
+        assert [lp for _, lp in r.items] == pytest.approx(sorted(truth.values(), reverse=True)[:5], abs=1e-5)

@@ -289,6 +289,21 @@ class ConstrainedSession:
 
         return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, first, base_rows), out.positions)
 
+    def packed_force(self, rows: Sequences, top_m: int) -> TeacherForced | None:
+        """The inner session's ``packed_force`` (full-forward numbers) re-read under the
+        constraint, whole rows the re-read needs from the base's full forward too; None where
+        the inner session has none."""
+        out = self.inner.packed_force(rows, top_m)
+        if out is None:
+            return None
+        batch = as_sequence_batch(rows)
+
+        def base_rows(idx, cols):
+            return model_rows(self.model.base, batch.tokens[idx], cols.astype(np.int32), "constraint's base")
+
+        zero = np.zeros(batch.size, np.int64)
+        return TeacherForced(self.model.reread(out.frontier, batch.tokens, batch.lengths, zero, base_rows), out.positions)
+
 
 def constrain_draft(draft: Any, target: ConstrainedModel) -> ConstrainedModel:
     """``draft`` under the constraint of ``target``, reusing its automaton when their tokens agree

@@ -28,6 +28,9 @@ ONE multi-token call per group of rows (the decoder returns logits at every fed 
 2-D ``last``); each row feeds only what no held prefix covers, and afterwards every prefix of
 what it fed is held (a radix cache over the scored trie; a user's step model keys whole fed
 prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
+``session.packed_force(rows, top_m)`` is a first call's alternative for the library's networks:
+the full forward itself, packed as one tree (:mod:`jaxrescore.models.packed`; numbers that need
+no check), which also yields the rows' caches for later calls to extend.
 
 Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``, and at least
 :data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths are powers of four; the held
@@ -57,7 +60,6 @@ model itself.
 from __future__ import annotations
 
 import collections
-import os
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -66,59 +68,16 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from jaxrescore.models.cache_sizes import (  # noqa: F401 (CACHE_BYTES_ENV: re-exported)
+    BLOCK_POSITIONS, CACHE_BYTES_ENV, MIN_CACHE_LEN, ONE_TOKEN_ROWS, SHORT_ROWS_CACHE, coarse_size, default_cache_bytes,
+)
 from jaxrescore.models.checks import check_nan, check_prefixes
 from jaxrescore.models.mesh import mesh_context, to_host
+from jaxrescore.models.packed import KeepCaches, packed_frontier, packed_positions
 from jaxrescore.models.scores import FLOAT32_TOLERANCE, check_top_m, clipped_log_softmax as _log_softmax, score_tolerance
 from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_rows, frontier_reduce, share_feeds
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree, Sequences
-
-# Smallest power-of-two length of a row cache and of the context.
-MIN_CACHE_LEN = 8
-# Few shapes, few compiles: every distinct (rows, fed tokens, cache length, context length) of a
-# call is a program to compile, 1.5-4 s each for a 30-layer model on CPU, against a few
-# milliseconds per extra position computed. Fed widths are powers of FOUR (1, 4, 16, ...), row
-# caches and contexts grow by factors of four (8, 32, 128, ...) up to the longest row the model
-# allows, and one-token calls pad to at least ONE_TOKEN_ROWS rows (a call of one position per row
-# streams every weight whatever its row count: padding rows there cost almost nothing). On the
-# real SmolLM2-135M chat proof (BENCHMARKS.md, "A real pretrained LM") the distinct decoding
-# programs went from 71 to 44 with these rules, and to fewer with the two below.
-WIDTH_GROWTH = 4
-ONE_TOKEN_ROWS = 8
-# ... a multi-token call pads to at least this many positions (rows times width), and a model
-# whose rows (and one padded block after them) fit SHORT_ROWS_CACHE positions keeps every row
-# cache at one length.
-BLOCK_POSITIONS = 16
-SHORT_ROWS_CACHE = 64
-
-
-def coarse_size(n: int, minimum: int = 1) -> int:
-    """The smallest ``minimum * WIDTH_GROWTH**j`` >= ``n`` (``minimum`` a power of two)."""
-    size = max(int(minimum), 1)
-    while size < n:
-        size *= WIDTH_GROWTH
-    return size
-# The environment variable that sets the default cache budget (bytes), for callers that build
-# their sessions themselves (a rescoring search, a prompted model's greedy completion).
-CACHE_BYTES_ENV = "JAXRESCORE_DECODE_CACHE_BYTES"
-
-
-def default_cache_bytes() -> int:
-    """The default ``max_bytes`` of a session: ``$JAXRESCORE_DECODE_CACHE_BYTES`` when set, else
-    1 GiB, or a sixteenth of physical memory if less (at least 64 MiB)."""
-    env = os.environ.get(CACHE_BYTES_ENV)
-    if env:
-        try:
-            return max(int(float(env)), 0)
-        except ValueError:
-            raise ValueError(f"{CACHE_BYTES_ENV} must be a number of bytes, got {env!r}") from None
-    cap = 1 << 30
-    try:
-        phys = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return cap
-    return int(min(cap, max(phys // 16, 64 << 20)))
-
 
 class Context(NamedTuple):
     """A decoding context: the cache of BOS and a prompt, its length and its own next-token row."""
@@ -332,6 +291,35 @@ class DecodingSession:
             check_nan(self.model, values, batch.lengths - known, "teacher_force")
         return TeacherForced(frontier, self.positions - before)
 
+    def packed_force(self, rows: Sequences, top_m: int) -> TeacherForced | None:
+        """``teacher_force(rows, zeros, top_m)`` by the model's own full forward, packed (see
+        :mod:`jaxrescore.models.packed`): the context and each distinct prefix of the rows are
+        computed once, and the numbers are the full forward's (``score_frontier``), not cached
+        ones. The rows' key/value caches come out of the same forward and are held as
+        :meth:`teacher_force` would hold them, for later calls to extend. The positions counted
+        are the packed sequence's: the context (BOS and a prompt) again, and each distinct
+        prefix once. None when the model has no packed forward (on a mesh, or not one of the
+        library's networks): then call :meth:`teacher_force`."""
+        base, prompt = _split_prompt(self.model)
+        if not getattr(base, "packs_prompt", False) or not callable(getattr(base, "packed_forward", None)):
+            return None
+        batch, _ = check_teacher_rows(rows, np.zeros(len(rows), np.int64), self.vocab_size, self.max_len)
+        toks, lens = batch.tokens, batch.lengths.astype(np.int64)
+        self._begin()
+
+        def hold(group, cache):  # each row holds its fed tokens (all but its last), as a feed would
+            fed = [max(int(lens[i]) - 1, 0) for i in group]
+            b = jax.tree.leaves(cache)[0].shape[0]
+            self._hold(cache, len(group), b, self._cache_len(max(max(fed), 1)),
+                       [self._row_keys(toks[i], 0, f) for i, f in zip(group, fed)])
+            self.calls += 1
+
+        frontier = packed_frontier(base, base.packed_forward(), prompt, batch, top_m, KeepCaches(self._cache_len, hold))
+        positions = packed_positions(len(prompt), batch.to_tuples())
+        self.positions += positions
+        self._evict()
+        return TeacherForced(frontier, positions)
+
     def _teach(self, batch, known, reduce, out, params, ctx) -> None:
         """Fill ``out`` (see :meth:`teacher_force`): one call per held cache started from and
         power of two of fed tokens, chunked like :meth:`_extend`."""
@@ -469,7 +457,7 @@ class DecodingSession:
     def _cache_len(self, need: int) -> int:
         """The row-cache length of a call writing up to position ``need``. Short rows (a model
         whose rows and one padded block fit :data:`SHORT_ROWS_CACHE`) use ONE length, twice the
-        longest row; longer ones a coarse size (see :data:`WIDTH_GROWTH`) no longer than the
+        longest row; longer ones a coarse size (see ``cache_sizes.WIDTH_GROWTH``) no longer than the
         power of two covering the longest row. Never shorter than ``need``."""
         longest = bucket_size(int(self.model.max_len), MIN_CACHE_LEN)
         if 2 * longest <= SHORT_ROWS_CACHE and need <= 2 * longest:

@@ -41,6 +41,7 @@ from jaxrescore.models.apply_fn import ApplyFnLM
 from jaxrescore.models.base import AutoregressiveEnumerable
 from jaxrescore.models.batching import param_bytes
 from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.models.packed import PackedFrontier
 from jaxrescore.models.generate import sample_sequences
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.transformer import (
@@ -140,7 +141,7 @@ def _twin_graph(config: TransformerConfig, activations: str):
     return nnx.split(nnx.eval_shape(lambda: TransformerModule(config, nnx.Rngs(0), linear=linear, embed=QEmbed)))[0]
 
 
-class Int8TransformerLM(JaxLM):
+class Int8TransformerLM(PackedFrontier, JaxLM):
     """The int8 twin of a TransformerLM (build with :func:`quantize_int8`); same protocol,
     not trainable. ``params`` is the weights tree with :class:`QTensor` leaves; ``activations``
     says how its dense layers multiply (see the module docstring)."""
@@ -167,6 +168,7 @@ class Int8TransformerLM(JaxLM):
     # compute dtype's tolerance, and key/value caches over this (int8) network.
     score_tolerance = TransformerLM.score_tolerance
     decoder = TransformerLM.decoder
+    packed_forward = TransformerLM.packed_forward
 
     @property
     def nbytes(self) -> int:

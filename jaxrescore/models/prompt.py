@@ -203,7 +203,7 @@ class PromptedModel(PromptableMixin):
     @property
     def packs_prompt(self) -> bool:
         """Whether :meth:`score_frontier` computes the prompt once per call (a base with
-        ``score_frontier_after``, see :mod:`jaxrescore.models.pretrained.packed`) rather than
+        ``score_frontier_after``, see :mod:`jaxrescore.models.packed`) rather than
         in every row."""
         return bool(getattr(self.base, "packs_prompt", False))
 

@@ -26,6 +26,7 @@ from jaxrescore._checks import check_choice, check_float, check_int
 from jaxrescore.models.decoding import Decoder
 from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.jax_lm import JaxLM
+from jaxrescore.models.packed import PackedFrontier
 
 
 @dataclass(frozen=True)
@@ -144,16 +145,22 @@ class _Block(nnx.Module):
         self.ff1 = linear(d, cfg.ff_width, **kw)
         self.ff2 = linear(cfg.ff_width, d, **kw)
 
-    def __call__(self, x, key=None):
+    def __call__(self, x, key=None, visible=None, kv=None):
+        """``visible``: see :meth:`TransformerModule.__call__`; ``kv``: a list the block appends
+        its keys and values ``float[B, T, H, D/H]`` to (a packed forward's row caches)."""
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d // h) for a in (q, k, v))
+        if kv is not None:
+            kv.append((k, v))
         # attention in float32 whatever the compute dtype (no-ops for a float32 model): the
         # cached path (jaxrescore.models.decoding) splits these sums, and 16-bit partial sums
         # would make the two paths differ by far more than their float32 noise
         att = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(d // h)
         causal = jnp.tril(jnp.ones((t, t), bool))
+        if visible is not None:  # a packed tree (see jaxrescore.models.packed): [B, 1, T, T]
+            causal = (causal & visible)[:, None]
         att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
         y = jnp.einsum("bhqk,bkhd->bqhd", att, v.astype(jnp.float32)).astype(x.dtype).reshape(b, t, d)
         k1, k2 = (None, None) if key is None else jax.random.split(key)
@@ -204,17 +211,26 @@ class TransformerModule(nnx.Module):
         self.ln_f = nnx.LayerNorm(cfg.d_model, **kw)
         self.head = linear(cfg.d_model, cfg.vocab_size, **kw)
 
-    def __call__(self, tokens, key=None):
+    def __call__(self, tokens, key=None, positions=None, visible=None, kv=None):
+        """``positions int32[B, T]`` and ``visible bool[B, T, T]`` (both or neither) pack a tree
+        of rows into each row of ``tokens`` (see :mod:`jaxrescore.models.packed`): token ``t``
+        sits at position ``positions[b, t]`` and attends to ``visible[b, t]`` (its context,
+        its ancestors and itself). ``kv``: a list each block appends its keys and values to."""
         t = tokens.shape[1]
         d = self.ln_f.num_features
-        pos = _table(self.pos)[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
+        if positions is None:
+            pos = _table(self.pos)[:t] if self.pos is not None else jnp.asarray(sinusoidal_table(t, d))
+            pos = pos[None]
+        else:
+            table = _table(self.pos) if self.pos is not None else jnp.asarray(sinusoidal_table(self.max_len, d))
+            pos = jnp.take(table, positions, axis=0, mode="clip")
         x = self.embed(tokens)
-        x = x + pos[None].astype(x.dtype)
+        x = x + pos.astype(x.dtype)
         n = len(self.blocks) + 1
         keys = [None] * n if key is None else jax.random.split(key, n)
         x = _dropout(x, self.rate, keys[0])
         for block, k in zip(self.blocks, keys[1:]):
-            x = block(x, k)
+            x = block(x, k, visible, kv)
         return self.head(self.ln_f(x))
 
     def decode(self, tokens, start, last, ctx, ctx_len, cache):
@@ -271,6 +287,26 @@ class TransformerApply:
 
     def __call__(self, state, tokens, key=None):
         return nnx.merge(self.graphdef, state)(tokens, key)
+
+
+@dataclass(frozen=True)
+class TransformerPacked:
+    """Hashable packed forward ``(state, tokens[1, P], positions, visible[, paths]) -> logits``
+    of a :class:`TransformerModule` (see :mod:`jaxrescore.models.packed`); given ``paths
+    int32[R, S]`` (packed indices), also the row caches of the decoder (per block ``(k, v)
+    float[R, S, H, D/H]``) whose position ``j`` holds packed token ``paths[r, j]``'s."""
+
+    graphdef: nnx.GraphDef
+
+    __hash__ = TransformerApply.__hash__
+
+    def __call__(self, state, tokens, positions, visible, paths=None):
+        module = nnx.merge(self.graphdef, state)
+        if paths is None:
+            return module(tokens, None, positions, visible)
+        kv: list = []
+        logits = module(tokens, None, positions, visible, kv)
+        return logits, tuple((k[0][paths], v[0][paths]) for k, v in kv)
 
 
 @dataclass(frozen=True)
@@ -343,7 +379,7 @@ def init_weights(config: TransformerConfig, seed: int):
     return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
 
 
-class TransformerLM(JaxLM):
+class TransformerLM(PackedFrontier, JaxLM):
     """Decoder-only transformer LM (see the module docstring).
 
     Args:
@@ -402,6 +438,10 @@ class TransformerLM(JaxLM):
             held = (self.apply.graphdef, transformer_decoder(self.config, self.apply.graphdef))
             self._decoder = held
         return held[1]
+
+    def packed_forward(self) -> TransformerPacked:
+        """The packed forward of full forwards (see :mod:`jaxrescore.models.packed`)."""
+        return TransformerPacked(self.apply.graphdef)
 
     def module(self) -> TransformerModule:
         """A fresh nnx module holding the current weights (for inspection or other nnx code)."""

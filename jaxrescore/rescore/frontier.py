@@ -57,12 +57,16 @@ The assumptions, all of them, about the target (checked at query time by
    the worst returned score, which is ALWAYS its full forward's, with the best exit bound, read
    from cached rows: ``worst_full >= bound_cached + tolerance >= bound_full`` is the proof.
    Checked at query time where a full forward exists: before a verdict or a returned score rests
-   on them, the answer and every scored sequence within the tolerance below its worst score are
-   forwarded in full (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`; their scores become
-   the full forward's), and the largest disagreement with their cached numbers (node scores
-   along them, each position's largest named log-prob and eos log-prob) is
-   :attr:`~jaxrescore.rescore.scored.ScoredSet.drift`; a proof needs it within the tolerance.
-   Exits at nodes on no checked row are not forwarded again: their drift is assumed no larger.
+   on them, the answer's cached rows and every cached row within the tolerance below its worst
+   score are forwarded in full (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`; their
+   scores become the full forward's), topped up with the best other cached rows until as many
+   rows as the answer holds have been checked (a search's first call is the full forward itself
+   where the target packs rows, see :meth:`~jaxrescore.models.decoding.DecodingSession.packed_force`,
+   so an answer may hold few cached rows while the bound rests on cached exits). The largest
+   disagreement with their cached numbers (node scores along them, each position's largest named
+   log-prob and eos log-prob) is :attr:`~jaxrescore.rescore.scored.ScoredSet.drift`; a proof
+   needs it within the tolerance. Exits at nodes on no checked row are not forwarded again:
+   their drift is assumed no larger than the sample's.
 
 It is ONE fixed-shape algorithm over the padded scored set (:func:`frontier_values`), written
 over an array namespace: numpy on the host (a search's rounds: no compile, numpy's fast sort) and

@@ -120,7 +120,7 @@ def rescore_many(
     """``[ri.slice(start, k, prove=prove, ...) for ri in indexes]`` with ONE batched target call
     per round for all of them.
 
-    Each index pulls its own ``start + k + rerank_window`` head and keeps its own window, gap and
+    Each index pulls its own ``start + k + rerank_window`` head (``start + k`` when proving) and keeps its own window, gap and
     carry; the candidates of all indexes are scored together, and with targets that give next-token
     distributions every result carries its own ``proven`` verdict from that same call. With
     ``prove`` the speculative exact search runs for every index at once: each round, every index
@@ -143,7 +143,7 @@ def rescore_many(
                                    "prompts": [list(getattr(ri.target, "prompt", ()) or ()) for ri in indexes],
                                    "index": [ri.identity() for ri in indexes]})
     searching = mode.prove or mode.until_certified
-    pulls = [ri.draft.pull(min(q.extent, mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
+    pulls = [ri.draft.pull(min(mode.pull_size([q]), mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
              if searching else ri.draft.pull(q.extent) for ri, q in zip(indexes, queries)]
     firsts = [first_rows(ri, pull, q.start + q.k, mode.budget, mode.prove)  # a draft listing nothing: its top-k
               for ri, q, pull in zip(indexes, queries, pulls)]

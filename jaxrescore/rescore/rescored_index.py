@@ -42,12 +42,12 @@ class RescoredIndex:
         ``ensure_count`` and ``len()`` are used when present. Sound certification needs
         ``bucket_bound(n)`` (our SeekIndex) or a ``.quantizer`` with the truncation reports of
         :mod:`jaxrescore.rescore.draft`; without them queries work but never certify. Proofs
-        (``proven``) need nothing of it: its order only decides how fast they come.
+        need nothing of it: its order decides how fast they come.
       target: the expensive model (its ``score_frontier`` or ``score_sequences`` is used) or a
         bare callable ``[list of token tuples] -> log_probs`` (then ``proven`` is None). Its
-        ``max_len``, when it has one no larger than the draft's, tells the bound to skip the
-        prefixes a terminating draft cut at ``max_len``.
-      rerank_window: extra draft candidates pulled and reranked by target score; an integer >= 0.
+        ``max_len``, when no larger than the draft's, skips prefixes a draft cut at ``max_len``.
+      rerank_window: extra draft candidates pulled and reranked by target score; an integer >= 0,
+        or None: 64, and none for a proving query (its search opens what the proof needs).
       assumed_gap: optional global bound on ``|target_lp - draft_lp|`` in nats, finite and >= 0.
         When supplied, results carry a real ``certified`` verdict; otherwise it is None.
       draft_model: the model ``prove=True`` completes exit prefixes with (default: the draft
@@ -70,13 +70,13 @@ class RescoredIndex:
     simple sufficient condition); ``proven`` needs nothing but the target's own forward.
 
     Thread safety: queries on one RescoredIndex run one at a time (a lock around the pull, the
-    target call and the carry update); sharing the object between threads is safe.
+    target call and the carry update): sharing it between threads is safe.
     """
 
-    def __init__(self, draft_index: Any, target: Any, *, rerank_window: int = 64, assumed_gap: float | None = None,
+    def __init__(self, draft_index: Any, target: Any, *, rerank_window: int | None = None, assumed_gap: float | None = None,
                  draft_model: Any = None, top_m: int = DEFAULT_TOP_M, completion_branch: int = 1,
                  search_width: int | None = SEARCH_WIDTH, adaptive_width: bool = True):
-        self.rerank_window = check_int(rerank_window, "rerank_window", minimum=0)
+        self.rerank_window = check_int(rerank_window, "rerank_window", minimum=0, allow_none=True)
         self.assumed_gap = require_gap(assumed_gap)
         self.top_m = check_top_m(top_m)
         self.completion_branch = check_int(completion_branch, "completion_branch", minimum=1)

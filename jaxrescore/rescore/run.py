@@ -23,11 +23,11 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
     """The results of ``queries`` on ``index`` (a RescoredIndex, whose lock the caller holds)."""
     draft, budget = index.draft, mode.budget
     searching = mode.prove or mode.until_certified
-    extent = max(q.extent for q in queries)
+    size = mode.pull_size(queries)
     # A search's first pull grows the draft index by at most max_sequences model rows: the
     # budget bounds the draft's work too (a search goes on from what the index holds).
-    pull = draft.pull(min(extent, budget.max_sequences), max_rows=budget.max_sequences) if searching \
-        else draft.pull(extent)
+    pull = draft.pull(min(size, budget.max_sequences), max_rows=budget.max_sequences) if searching \
+        else draft.pull(size)
     cover = Query(0, max(q.start + q.k for q in queries), 0, None)
     first = first_rows(index, pull, cover.k, budget, mode.prove)  # a draft listing nothing: its top-k
     scored = index.new_scored_set()

@@ -98,7 +98,9 @@ class ScoredSet:
         bound available.
       calls, sequences: target calls made and sequences (or prefix rows) evaluated by this set.
       positions: token positions those calls computed: with a target that decodes
-        incrementally, what was fed over held caches: one per new trie node, plus a new prefix
+        incrementally, a first call that packs its rows (``packed_force``: the context and each
+        distinct prefix once, full-forward numbers), then what was fed over held caches: one per
+        new trie node, plus a new prefix
         shared by rows of one call once per row, plus a held position again where the step out
         of it is not among its named tokens (the prompt's cache, computed once per model, is not
         counted); otherwise a full forward per row that needs any new position (the prompt
@@ -132,6 +134,7 @@ class ScoredSet:
         self.sequences = 0
         self.positions = 0
         self.check_positions = 0  # of them, the full forwards that checked cached numbers
+        self.checked_rows = 0  # rows whose cached numbers a full forward checked
         self._prompt = len(getattr(target, "prompt", ()) or ())
         self._known = KnownPrefixes()
         self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
@@ -201,12 +204,23 @@ class ScoredSet:
         check before a verdict or a returned score may rest on them: not :attr:`exact`, with a
         finite score that the score at 0-based ``rank`` (the worst answer) does not clear by the
         tolerance (the answer itself and the rows just below it, which the full forward could
-        lift into it). Empty for a target without an incremental forward."""
+        lift into it), and the best other cached rows until ``rank + 1`` rows have been checked
+        in all (the drift's sample, assumption 5 of :mod:`jaxrescore.rescore.frontier`). Empty
+        for a target without an incremental forward."""
         if self._session is None or not self.seqs:
             return np.zeros(0, np.int64)
         scores = self.target_lps[:n]
+        cached = ~self.exact[: scores.size] & np.isfinite(scores)
         floor = open_floor(kth_best(scores, rank), self.tolerance)
-        return np.flatnonzero(~self.exact[: scores.size] & np.isfinite(scores) & (scores >= floor))
+        near = cached & (scores >= floor)
+        short = rank + 1 - self.checked_rows - int(near.sum())
+        if short > 0 and (cached & ~near).any():
+            # Rows of a packed first call hold full-forward numbers (see packed_force), so an
+            # answer may hold few cached ones, while the bound may rest on cached exits: the
+            # drift's sample is topped up to as many rows as the answer holds, the best cached.
+            below = np.flatnonzero(cached & ~near)
+            near[below[np.argsort(-scores[below], kind="stable")[:short]]] = True
+        return np.flatnonzero(near)
 
     @property
     def ranks(self) -> np.ndarray:
@@ -275,9 +289,14 @@ class ScoredSet:
         need = np.flatnonzero(reused.known < np.array([len(r) for r in rows], np.int64))
         fresh, positions = None, 0
         cached = self._session is not None and not full
+        packed = None
         if need.size:
             part = [rows[i] for i in need]
-            if cached:
+            if cached and not self.seqs:  # a first call: full numbers, the caches from the same forward
+                packed = getattr(self._session, "packed_force", lambda *_: None)(part, self.top_m)
+            if packed is not None:
+                fs, positions = packed
+            elif cached:
                 fs, positions = self._session.teacher_force(part, reused.known[need], self.top_m)
             else:
                 fs = frontier_scores(self.target, part, self.top_m)
@@ -285,7 +304,7 @@ class ScoredSet:
                 fs, positions = shift_left(fs, reused.known[need]), self.full_positions(part)
             fresh = pad_fresh(fs, need, len(rows))
         lengths = np.array([len(r) for r in rows], np.int64)
-        exact = lengths == 0 if cached else self.exact_rows(reused.known)
+        exact = np.ones(len(rows), bool) if packed is not None else lengths == 0 if cached else self.exact_rows(reused.known)
         return self.completed(rows, reused, fresh), positions, exact
 
     def add(self, seqs: list, draft_lps, ranks, *, scored=None, fetch: list = (), check=(),
@@ -349,6 +368,7 @@ class ScoredSet:
         scores = checked_frontier(fs, seqs, np.ones(len(seqs), bool), self.tolerance)
         off = cache_drift(self.arrays(), rows, fs)
         self.sequences += len(seqs)
+        self.checked_rows += len(seqs)
         self.positions += positions
         self.check_positions += positions
         worst = int(np.argmax(off))

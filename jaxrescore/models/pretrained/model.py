@@ -48,7 +48,7 @@ from jax.sharding import Mesh
 
 from jaxrescore.models.base import check_int
 from jaxrescore.models.decoding import Decoder
-from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE, FrontierScores
+from jaxrescore.models.scores import BFLOAT16_TOLERANCE, FLOAT32_TOLERANCE
 from jaxrescore.models.int8 import _quantize, dequantize
 from jaxrescore.models.jax_lm import JaxLM
 from jaxrescore.models.mesh import check_mesh, to_host
@@ -63,9 +63,8 @@ from jaxrescore.models.pretrained.network import (
     NetworkPacked,
     empty_context,
 )
-from jaxrescore.models.pretrained.packed import packed_frontier, packed_positions
+from jaxrescore.models.packed import PackedFrontier
 from jaxrescore.models.transformer import FLOAT_DTYPES, _float_dtype_name
-from jaxrescore.typing import Sequences
 
 # model_type in config.json -> the family module that reads it.
 FAMILY_OF = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama}
@@ -82,7 +81,7 @@ FROM_CONFIG: Any = _FromConfig()
 _MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-class PretrainedLM(JaxLM):
+class PretrainedLM(PackedFrontier, JaxLM):
     """A GPT-2- or Llama-family network as an enumerable model (build with
     :func:`from_pretrained`; see the module docstring).
 
@@ -162,20 +161,9 @@ class PretrainedLM(JaxLM):
             self._dequantized = held
         return held[1]
 
-    @property
-    def packs_prompt(self) -> bool:
-        """Whether :meth:`score_frontier_after` packs rows after one prompt (not on a mesh,
-        whose batch axis shards rows)."""
-        return self.mesh is None
-
-    def score_frontier_after(self, prompt: tuple, seqs: Sequences, *, top_m: int) -> FrontierScores:
-        """``score_frontier(prompt + c, skip=len(prompt))`` of continuations ``seqs``, the prompt
-        computed once per packed forward (see :mod:`jaxrescore.models.pretrained.packed`)."""
-        return packed_frontier(self, NetworkPacked(self.spec, self.apply.prepare), tuple(prompt), seqs, top_m)
-
-    def packed_positions(self, prompt_length: int, rows: list) -> int:
-        """Token positions :meth:`score_frontier_after` computes for the continuations ``rows``."""
-        return packed_positions(prompt_length, rows)
+    def packed_forward(self) -> NetworkPacked:
+        """The packed forward of full forwards (see :mod:`jaxrescore.models.packed`)."""
+        return NetworkPacked(self.spec, self.apply.prepare)
 
     def int8_twin(self, *, activations: str = "int8") -> PretrainedLM:
         """The weight-only int8 twin (what :func:`~jaxrescore.models.quantize_int8` returns for

@@ -191,14 +191,15 @@ def _head(spec: DecoderSpec, params, x):
 # ---- the two forwards ------------------------------------------------------------------------
 
 
-def forward(spec: DecoderSpec, params, tokens, positions=None, visible=None):
+def forward(spec: DecoderSpec, params, tokens, positions=None, visible=None, keep: bool = False):
     """Teacher forcing: ``tokens int32[B, T]`` (BOS first) -> logits ``[B, T, V]`` (compute dtype).
 
     ``positions`` (int32[B, T]) and ``visible`` (bool[B, T, T]), both or neither, pack a tree of
-    rows into each row of ``tokens`` (see :mod:`jaxrescore.models.pretrained.packed`): token
+    rows into each row of ``tokens`` (see :mod:`jaxrescore.models.packed`): token
     ``t`` sits at ``positions[b, t]`` and attends to the tokens ``visible[b, t]`` (its context
     and ancestors, and itself). Each packed token's logits are then those of a forward of its
-    own path on its own.
+    own path on its own. ``keep``: return ``(logits, (keys, values))`` too, each
+    ``float[L, B, T, Hkv, Dh]`` (a packed forward's row caches).
     """
     t = tokens.shape[1]
     if positions is None:
@@ -209,15 +210,18 @@ def forward(spec: DecoderSpec, params, tokens, positions=None, visible=None):
         causal = (causal & visible)[:, None, None]
 
     def layer(x, p):
+        held = {}
+
         def attend(h):
             q, k, v = _project(spec, p, h, rope)
+            held["kv"] = (k, v) if keep else None
             s = jnp.where(causal, _scores(q, k), -jnp.inf)
             return _mix(jax.nn.softmax(s, axis=-1), v)
 
-        return _block(spec, p, x, attend), None
+        return _block(spec, p, x, attend), held["kv"]
 
-    x, _ = jax.lax.scan(layer, _embed(spec, params, tokens, positions), params["layers"])
-    return _head(spec, params, x)
+    x, kv = jax.lax.scan(layer, _embed(spec, params, tokens, positions), params["layers"])
+    return (_head(spec, params, x), kv) if keep else _head(spec, params, x)
 
 
 def decode(spec: DecoderSpec, params, tokens, start, last, ctx, ctx_len, cache, s_out):
@@ -311,12 +315,18 @@ class NetworkDecode:
 
 @dataclass(frozen=True)
 class NetworkPacked:
-    """Hashable packed teacher forcing of a spec: ``(params, tokens, positions, visible) ->
-    logits`` (see :func:`forward`)."""
+    """Hashable packed teacher forcing of a spec: ``(params, tokens[1, P], positions,
+    visible[, paths]) -> logits`` (see :func:`forward`); given ``paths int32[R, S]`` (packed
+    indices), also the row caches of :func:`decode` (``{"k", "v": float[R, L, S, Hkv, Dh]}``)
+    whose position ``j`` holds packed token ``paths[r, j]``'s."""
 
     spec: DecoderSpec
     prepare: Callable | None = None
 
-    def __call__(self, params, tokens, positions, visible):
+    def __call__(self, params, tokens, positions, visible, paths=None):
         params = params if self.prepare is None else self.prepare(params)
-        return forward(self.spec, params, tokens, positions, visible)
+        if paths is None:
+            return forward(self.spec, params, tokens, positions, visible)
+        logits, (k, v) = forward(self.spec, params, tokens, positions, visible, keep=True)
+        rows = lambda x: jnp.swapaxes(jnp.take(x[:, 0], paths, axis=1), 0, 1)  # noqa: E731
+        return logits, {"k": rows(k), "v": rows(v)}
