@@ -34,7 +34,8 @@ no check), which also yields the rows' caches for later calls to extend.
 
 Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``, and at least
 :data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths are powers of four; the held
-rows are the real ones padded to a power of two. The SHARED context (the prompt's keys and
+rows live in one pool per cache shape (:mod:`jaxrescore.models.cache_pool`), so a call extends
+rows held by any earlier calls with one gather. The SHARED context (the prompt's keys and
 values) is one ``C``-position array, ``C`` = 8 times a power of four, held once by the prompted
 model and never copied per row; a row cache of the library's networks (TransformerLM, its int8
 twin, from_pretrained) covers the row's OWN positions only, ``S`` of them with ``S`` 8 times a
@@ -68,6 +69,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from jaxrescore.models.cache_pool import CachePools, pool_key
 from jaxrescore.models.cache_sizes import (  # noqa: F401 (CACHE_BYTES_ENV: re-exported)
     BLOCK_POSITIONS, CACHE_BYTES_ENV, MIN_CACHE_LEN, ONE_TOKEN_ROWS, SHORT_ROWS_CACHE, coarse_size, default_cache_bytes,
 )
@@ -95,18 +97,6 @@ def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out, reduce,
     logits, cache = fn(params, tokens, start, last, ctx, ctx_len, cache, s_out)
     rows = _log_softmax(logits)
     return (rows if reduce is None else reduce(rows, *extra)), cache
-
-
-@partial(jax.jit, static_argnums=1)
-def _first_rows(cache, n: int):
-    """The first ``n`` rows of every cache leaf."""
-    return jax.tree.map(lambda x: x[:n], cache)
-
-
-@jax.jit
-def _gather(cache, idx):
-    """Rows ``idx`` of every cache leaf (leading axis: rows)."""
-    return jax.tree.map(lambda x: x[idx], cache)
 
 
 @dataclass(frozen=True)
@@ -210,11 +200,11 @@ class DecodingSession:
         self.max_bytes = default_cache_bytes() if max_bytes is None else int(max_bytes)
         self.positions = self.rows = self.extended = self.calls = 0
         self.nbytes = self.held_rows = 0
-        self._where: dict[bytes, tuple[int, int]] = {}  # prefix key -> (slab id, row)
+        self._where: dict[bytes, tuple] = {}  # prefix key -> (pool key, slot)
         self._lengths: collections.Counter = collections.Counter()  # prefix length -> keys held
-        # slab id -> (cache, s, nbytes, keys, call number)
-        self._slabs: collections.OrderedDict = collections.OrderedDict()
-        self._next_id = 0
+        self._pools = CachePools(self._base._put)
+        # per hold, oldest first: (pool key, slots, [(prefix key, slot)], call number, rows, bytes)
+        self._held: collections.deque = collections.deque()
         self._call = 0
         self._warned = False
         self._params = None
@@ -235,7 +225,8 @@ class DecodingSession:
         """Drop every held cache."""
         self._where.clear()
         self._lengths.clear()
-        self._slabs.clear()
+        self._pools.clear()
+        self._held.clear()
         self.nbytes = self.held_rows = 0
 
     def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
@@ -333,8 +324,8 @@ class DecodingSession:
         held = sorted(self._lengths, reverse=True)
         groups: dict = collections.defaultdict(list)
         for r, i in enumerate(reps.tolist()):
-            slab, row, start = self._ancestor(toks[i], int(need[r]), held)
-            groups[slab, coarse_size(int(lens[i]) - 1 - start)].append((i, row, start))
+            pool, row, start = self._ancestor(toks[i], int(need[r]), held)
+            groups[pool, coarse_size(int(lens[i]) - 1 - start)].append((i, row, start))
         extra_at: list = []  # per call: derived row -> index of its last step among the extras
 
         def extra(part, starts, b, w):
@@ -348,7 +339,7 @@ class DecodingSession:
             extra_at.append({i: n for n, (_, i) in enumerate(derived)})
             return (self._base._put(targets), *q)  # the queries are not rows: replicated
 
-        pending = [self._extend(slab, m, toks, lens - 1, ctx, params, reduce, extra) for (slab, _), m in groups.items()]
+        pending = [self._extend(pool, m, toks, lens - 1, ctx, params, reduce, extra) for (pool, _), m in groups.items()]
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
             host = tuple(to_host(x) for x in dev)
             who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
@@ -382,11 +373,11 @@ class DecodingSession:
         for i in np.flatnonzero(~zero).tolist():
             at = self._where.get(parents[i])
             if at is not None:
-                slab, row, start = at[0], at[1], int(lens[i]) - 1
+                pool, row, start = at[0], at[1], int(lens[i]) - 1
             else:
-                slab, row, start = self._ancestor(toks[i], int(lens[i]) - 2, held)
-            groups[slab, coarse_size(int(lens[i]) - start)].append((i, row, start))
-        pending = [self._extend(slab, members, toks, lens, ctx, params) for (slab, _), members in groups.items()]
+                pool, row, start = self._ancestor(toks[i], int(lens[i]) - 2, held)
+            groups[pool, coarse_size(int(lens[i]) - start)].append((i, row, start))
+        pending = [self._extend(pool, members, toks, lens, ctx, params) for (pool, _), members in groups.items()]
         for calls in pending:
             for idx, _, rows in calls:
                 out[idx] = to_host(rows)[: idx.size]
@@ -395,8 +386,8 @@ class DecodingSession:
         return out
 
     def _ancestor(self, tokens: np.ndarray, limit: int, held: list) -> tuple:
-        """``(slab, row, start)``: the held cache of the longest prefix of ``tokens`` of at most
-        ``limit`` tokens (``held``: the lengths held, longest first), or ``(None, 0, 0)``: the
+        """The held cache of the longest prefix of ``tokens`` of at most
+        ``limit`` tokens (``held``: the lengths held, longest first) as ``(pool key, slot, length)``, or ``(None, 0, 0)``: the
         context."""
         prefix = np.ascontiguousarray(tokens[: max(limit, 0)], np.int32)
         for n in held:
@@ -408,14 +399,14 @@ class DecodingSession:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def _extend(self, slab, members, toks, ends, ctx, params, reduce=None, extra=None) -> list:
-        """Rows ``members`` (``(batch row, slab row, start)``) from the held cache ``slab``'s rows
-        (the context when None): row ``i`` feeds ``toks[i, start:ends[i]]`` in one call (one
-        position for a row whose parent is held). Returns ``(rows, starts, out)`` per call:
-        ``out`` the log-softmax row after each row's last token, or with ``reduce`` (teacher
-        forcing) its reduction of every fed position's row, given ``extra(rows, starts, B, W)`` (its
-        device arguments)."""
-        cache_in, s_in = (None, 0) if slab is None else self._slabs[slab][:2]
+    def _extend(self, pool, members, toks, ends, ctx, params, reduce=None, extra=None) -> list:
+        """Rows ``members`` (``(batch row, slot, start)``) from the held caches in ``pool`` (the
+        context when None): row ``i`` feeds ``toks[i, start:ends[i]]`` in one call (one position
+        for a row whose parent is held). Returns ``(rows, starts, out)`` per call: ``out`` the
+        log-softmax row after each row's last token, or with ``reduce`` (teacher forcing) its
+        reduction of every fed position's row, given ``extra(rows, starts, B, W)`` (its device
+        arguments)."""
+        s_in = 0 if pool is None else pool[0]
         idx = np.asarray([i for i, _, _ in members])
         starts = np.asarray([s for _, _, s in members], np.int32)
         w = coarse_size(int((ends[idx] - starts).max()))
@@ -438,10 +429,10 @@ class DecodingSession:
             # moved back over real positions (dynamic_update_slice clamps its start)
             s_out = max(s_in, self._cache_len(int(part_start.max()) + w))
             cache = None
-            if slab is not None:
-                rows_in = np.zeros(b, np.int32)
+            if pool is not None:
+                rows_in = np.full(b, members[lo][1], np.int32)  # padding rows: a held one
                 rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
-                cache = _gather(cache_in, put(rows_in))
+                cache = self._pools.take(pool, rows_in)
             args = () if reduce is None else extra(part, part_start, b, w)
             rows, held = _decode(
                 self._dec.fn, params, put(block), put(start), put(last), ctx.cache, np.int32(ctx.length),
@@ -449,7 +440,7 @@ class DecodingSession:
             )
             self.calls += 1
             self.positions += int(fed.sum())
-            self.extended += m if slab is not None else 0
+            self.extended += m if pool is not None else 0
             self._hold(held, m, b, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
             out.append((part, part_start, rows))
         return out
@@ -475,52 +466,64 @@ class DecodingSession:
         return [row[:n].tobytes() for n in range(max(lo, 1), int(end) + 1)]
 
     def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
-        """Keep the rows of ``cache`` that hold the ``m`` real ones, padded to a power of two (a
-        call's padding rows beyond it are not held; few slab shapes keep gathers compiled);
+        """Keep the first ``m`` rows of ``cache`` (rows of ``s`` positions) in their pool (see
+        :mod:`jaxrescore.models.cache_pool`), the oldest calls' rows dropped first to make room;
         ``keys[r]``: the prefixes row ``r`` serves (the newest holder of a key wins)."""
-        if self.max_bytes <= 0:
+        if self.max_bytes <= 0 or not m:
             return
-        if bucket_size(m, 1) < b:
-            cache = _first_rows(cache, bucket_size(m, 1))
-        nbytes = int(sum(x.nbytes for x in jax.tree.leaves(cache)))
-        slab = self._next_id
-        self._next_id += 1
-        flat = [key for row_keys in keys for key in row_keys]
-        self._slabs[slab] = (cache, s, nbytes, flat, self._call, m)
-        self.nbytes += nbytes
+        pool = pool_key(cache, s)
+        per_row = self._pools.row_bytes(pool)
+        if not self._make_room(m * per_row):
+            return
+        slots = self._pools.store(pool, cache, m, self.max_bytes // per_row)
+        flat = [(key, int(slot)) for row_keys, slot in zip(keys, slots) for key in row_keys]
+        self._held.append((pool, slots, flat, self._call, m, m * per_row))
+        self.nbytes += m * per_row
         self.held_rows += m
-        for row, row_keys in enumerate(keys):
-            for key in row_keys:
-                if key not in self._where:
-                    self._lengths[len(key) // 4] += 1
-                self._where[key] = (slab, row)
+        for key, slot in flat:
+            if key not in self._where:
+                self._lengths[len(key) // 4] += 1
+            self._where[key] = (pool, slot)
 
     def _evict(self) -> None:
-        """Drop the oldest calls' caches while more than ``max_bytes`` are held; warn (once) when
-        that drops caches this very call made: its children will not find them."""
-        needed = sum(v[2] for v in self._slabs.values() if v[4] == self._call)
-        while self.nbytes > self.max_bytes and self._slabs:
-            slab, (_, _, nbytes, keys, call, m) = self._slabs.popitem(last=False)
-            self.nbytes -= nbytes
+        """Drop the oldest calls' caches while more than ``max_bytes`` are held."""
+        self._make_room(0)
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop the oldest calls' caches until ``nbytes`` more fit in ``max_bytes``; whether they
+        do. Warns (once) when that drops caches this very call made, or refuses its rows: its
+        children will not find them."""
+        while self._held and self.nbytes + nbytes > self.max_bytes:
+            pool, slots, keys, call, m, held = self._held.popleft()
+            self.nbytes -= held
             self.held_rows -= m
-            for key in keys:
-                if self._where.get(key, (None,))[0] == slab:
+            for key, slot in keys:
+                if self._where.get(key) == (pool, slot):
                     del self._where[key]
                     self._lengths[len(key) // 4] -= 1
                     if not self._lengths[len(key) // 4]:
                         del self._lengths[len(key) // 4]
-            if call == self._call and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"DecodingSession over {type(self.model).__name__}: one call's key/value caches need "
-                    f"{needed:,} bytes ({nbytes // max(m, 1):,} per row), more than "
-                    f"max_bytes={self.max_bytes:,}; they are not kept, so the next rows are computed "
-                    f"from the context instead of their parents. Raise the budget: "
-                    f"decoding_session(model, max_bytes=...), SeekIndex(decode_cache_bytes=...) or "
-                    f"the environment variable {CACHE_BYTES_ENV}.",
-                    UserWarning,
-                    stacklevel=4,
-                )
+            self._pools.free(pool, slots)
+            if call == self._call:
+                self._warn(nbytes + held)
+        fits = self.nbytes + nbytes <= self.max_bytes
+        if not fits:
+            self._warn(nbytes)
+        return fits
+
+    def _warn(self, needed: int) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"DecodingSession over {type(self.model).__name__}: one call's key/value caches need "
+            f"{needed:,} bytes or more, more than max_bytes={self.max_bytes:,}; they are not kept, so "
+            f"the next rows are computed from the context instead of their parents. Raise the budget: "
+            f"decoding_session(model, max_bytes=...), SeekIndex(decode_cache_bytes=...) or "
+            f"the environment variable {CACHE_BYTES_ENV}.",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _keys(toks: np.ndarray, lens: np.ndarray) -> list:

@@ -165,6 +165,7 @@ def rescore_many(
     states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds, [first.aim for first in firsts]) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
+        s.answer_drafts(q.start + q.k - 1)
         rows = [len(s)] if searching else [min(q.extent, len(pull.seqs))]
         bounds = {} if q.gap is None else {rows[0]: ri.draft.bound(len(pull.seqs), pull)}
         # the search's verdict is on the cover, whose worst rank is this slice's own
@@ -202,7 +203,8 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
                                 [new[i].check for i in live])
         for i, (sc, checked) in zip(live, scored):
             r = new[i]
-            fetched = sets[i].add(r.new, indexes[i].draft_scores(r.new), np.full(len(r.new), -1), scored=sc, fetch=r.fetch)
+            drafts = indexes[i].draft_scores(r.new) if indexes[i].assumed_gap is not None else None  # see run.py
+            fetched = sets[i].add(r.new, drafts, np.full(len(r.new), -1), scored=sc, fetch=r.fetch)
             sets[i].store_check(checked)
             sets[i].calls += int(sc[2] > 0 or fetched or checked is not None)
             states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=r.width)

@@ -135,6 +135,7 @@ class ScoredSet:
         self.positions = 0
         self.check_positions = 0  # of them, the full forwards that checked cached numbers
         self.checked_rows = 0  # rows whose cached numbers a full forward checked
+        self._draft_pending: set = set()  # rows added without draft scores, not computed yet
         self._prompt = len(getattr(target, "prompt", ()) or ())
         self._known = KnownPrefixes()
         self._new_nodes = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # the last add's
@@ -221,6 +222,24 @@ class ScoredSet:
             below = np.flatnonzero(cached & ~near)
             near[below[np.argsort(-scores[below], kind="stable")[:short]]] = True
         return np.flatnonzero(near)
+
+    def answer_drafts(self, rank: int) -> None:
+        """Compute the draft scores of the rows added without them (see :meth:`add`) that a
+        returned slice whose worst is at 0-based ``rank`` may hold: every row the score at
+        ``rank`` does not clear by the tolerance (one draft call; none when none is pending)."""
+        if not self._draft_pending or self._draft_scores is None:
+            return
+        scores = self.target_lps
+        floor = open_floor(kth_best(scores, rank), self.tolerance)
+        rows = sorted(i for i in self._draft_pending if scores[i] >= floor)
+        if not rows:
+            return
+        values = np.asarray(self._draft_scores([self.seqs[i] for i in rows]), np.float64).reshape(len(rows))
+        starts = np.asarray(self._adds)
+        for i, value in zip(rows, values.tolist()):
+            a = int(np.searchsorted(starts, i, side="right")) - 1
+            self._draft[a][i - starts[a]] = value
+        self._draft_pending.difference_update(rows)
 
     @property
     def ranks(self) -> np.ndarray:
@@ -315,8 +334,9 @@ class ScoredSet:
         fetch the full next-token rows of the prefixes ``fetch`` (see :meth:`fetch_rows`) and
         check the scored rows ``check`` (indices; see :meth:`unchecked`) by a full forward
         (:meth:`check_forward`); ``full`` scores every new row by a full forward (see
-        :meth:`score`). A failed call leaves the set unchanged. Returns whether rows were
-        fetched."""
+        :meth:`score`). ``draft_lps`` None: the draft scores are computed only if read (see
+        :meth:`answer_drafts`). A failed call leaves the set unchanged. Returns whether rows
+        were fetched."""
         fetched = self._fetch(fetch)
         checked = self.check_forward(check)
         if scored is None:  # this set's own call: one, unless everything was known already
@@ -394,6 +414,9 @@ class ScoredSet:
         self.seqs.extend(seqs)
         self._target.append(np.array(scores, np.float64).reshape(len(seqs)))
         self._exact.append(np.array(exact, bool).reshape(len(seqs)))
+        if draft_lps is None:  # computed when something reads them (answer_drafts)
+            self._draft_pending.update(range(len(self.seqs) - len(seqs), len(self.seqs)))
+            draft_lps = np.full(len(seqs), np.nan)
         self._draft.append(np.asarray(draft_lps, np.float64).reshape(len(seqs)))
         self._ranks.append(np.asarray(ranks, np.int64).reshape(len(seqs)))
         if block is not None:

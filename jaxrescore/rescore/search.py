@@ -263,14 +263,16 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
                 budget: SearchBudget) -> SearchState:
     """One round: decide (:func:`next_round`) and, unless the search stops, score the new
     sequences (and fetch the rows it asks for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
-    gives their draft log-probs, NaN when unknown)."""
+    gives their draft log-probs, NaN when unknown; None: computed only where read, see
+    :meth:`~jaxrescore.rescore.scored.ScoredSet.answer_drafts`)."""
     proof, new, width, fetch, check = next_round(scored, start, k, complete, budget, state.rounds, state.width,
                                                  state.adaptive, state.aim)
     if new is None:
         return state._replace(proof=proof, stopped=True)
     report(f"round {state.rounds + 1} of at most {budget.max_rounds}: scoring {len(new)} new sequences "
            f"({len(scored)} scored so far)")
-    scored.add(new, draft_scores(new), np.full(len(new), -1), fetch=fetch, check=check)
+    scored.add(new, None if draft_scores is None else draft_scores(new), np.full(len(new), -1), fetch=fetch,
+               check=check)
     return state._replace(proof=proof, rounds=state.rounds + 1, width=width)
 
 

@@ -1,0 +1,104 @@
+"""Held key/value row caches, pooled by shape: ONE device array per cache shape, rows in slots.
+
+A decoding session extends rows from the caches of prefixes it computed in MANY earlier calls: a
+best-first search's batch of 100 prefixes pops children of dozens of earlier calls. Held as one
+array per call, those rows needed one device call per source array (measured on the real-text
+workload: best-first's 68 batches of 100 rows ran 3,498 device calls, 76% of its wall time); in
+a pool, one gather serves any mix of them, so a batch is one call per fed width.
+
+A pool's leaves have a leading row axis of ``capacity`` rows (a power of two, grown 4x when full);
+rows are written in place (the old array donated) and freed slots are reused. On a mesh the pool
+keeps the row sharding of the caches it was made from.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrescore.sequences import bucket_size
+from jaxrescore.typing import PyTree
+
+# The smallest pool: rows of a first call and a few more without a regrow (and its compile).
+MIN_POOL_ROWS = 64
+GROWTH = 4
+
+
+@partial(jax.jit, donate_argnums=0)
+def _store(pool, idx, rows):
+    """``pool`` with ``rows[i]`` written at slot ``idx[i]`` (an index past the pool: dropped)."""
+    return jax.tree.map(lambda p, r: p.at[idx].set(r.astype(p.dtype), mode="drop"), pool, rows)
+
+
+@partial(jax.jit, static_argnums=1)
+def _grown(pool, capacity: int):
+    """``pool``'s rows in a pool of ``capacity`` rows (the rest zeros)."""
+    return jax.tree.map(lambda p: jnp.zeros((capacity,) + p.shape[1:], p.dtype).at[: p.shape[0]].set(p), pool)
+
+
+@jax.jit
+def _take(pool, idx):
+    """Rows ``idx`` of every leaf (leading axis: rows)."""
+    return jax.tree.map(lambda x: x[idx], pool)
+
+
+def pool_key(cache: PyTree, length: int) -> tuple:
+    """The pool a cache's rows go to: its row-cache length, tree and per-row leaf shapes."""
+    leaves, tree = jax.tree.flatten(cache)
+    return (int(length), tree, tuple((x.shape[1:], str(x.dtype)) for x in leaves))
+
+
+class CachePools:
+    """Every pool of one session (see the module docstring)."""
+
+    def __init__(self, put):
+        self._put = put  # host index array -> device (split over a mesh's batch axis)
+        self._pools: dict = {}  # key -> [pool pytree, capacity, free slots (list, ascending pops)]
+
+    def clear(self) -> None:
+        self._pools.clear()
+
+    def row_bytes(self, key: tuple) -> int:
+        """Bytes one row of pool ``key`` takes."""
+        return int(sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in key[2]))
+
+    def store(self, key: tuple, cache: PyTree, m: int, max_rows: int) -> np.ndarray:
+        """Write the first ``m`` rows of ``cache`` (its leaves' leading axis: rows) into pool
+        ``key`` (:func:`pool_key`), grown to at most the power of two covering ``max_rows``
+        (the caller frees rows first: at most ``max_rows - m`` are held); returns the slots."""
+        rows = jax.tree.leaves(cache)[0].shape[0]
+        held = self._pools.get(key)
+        if held is None:  # the pool starts as this cache, its padding rows free
+            capacity = max(bucket_size(rows, 1), min(MIN_POOL_ROWS, bucket_size(max_rows, 1)))
+            held = self._pools[key] = [_grown(cache, capacity), capacity, list(range(capacity - 1, m - 1, -1))]
+            return np.arange(m, dtype=np.int64)
+        if len(held[2]) < m:  # grown four-fold (each growth copies the whole pool), to the cap
+            capacity = bucket_size(held[1] - len(held[2]) + m, min(GROWTH * held[1], bucket_size(max_rows, 1)))
+            held[0] = _grown(held[0], capacity)
+            held[2] = list(range(capacity - 1, held[1] - 1, -1)) + held[2]
+            held[1] = capacity
+        slots = np.array([held[2].pop() for _ in range(m)], np.int64)
+        idx = np.full(rows, held[1], np.int32)  # padding rows: past the pool, dropped
+        idx[:m] = slots
+        held[0] = _store(held[0], self._put(idx), cache)
+        return slots
+
+    def take(self, key: tuple, slots: np.ndarray) -> PyTree:
+        """The rows ``slots`` (int32[B], padding rows any held slot) of pool ``key``."""
+        return _take(self._pools[key][0], self._put(np.asarray(slots, np.int32)))
+
+    def free(self, key: tuple, slots) -> None:
+        """Give slots back (their rows are overwritten by later stores)."""
+        held = self._pools.get(key)
+        if held is not None:
+            held[2].extend(int(s) for s in slots)
+
+    def capacity_bytes(self) -> int:
+        """Bytes the pools take on the device (held rows and free slots)."""
+        return sum(held[1] * self.row_bytes(key) for key, held in self._pools.items())
+
+    def __repr__(self) -> str:
+        return f"CachePools({len(self._pools)} pools, {self.capacity_bytes():,} bytes)"
+
