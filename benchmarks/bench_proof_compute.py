@@ -11,16 +11,20 @@ Workloads (one run, side by side):
   'if the', k = 10, 25, 100, 300.
 
 Each proof is ``RescoredIndex(SeekIndex(draft.with_prompt(p)), target.with_prompt(p),
-rerank_window=32, draft_model=draft.with_prompt(p)).top_k(k, prove=True)`` with the library's
-defaults (the API as a user calls it). The baseline is the exact best-first search
+draft_model=draft.with_prompt(p)).top_k(k, prove=True)`` with the library's defaults (the API as
+a user calls it). The baseline is the exact best-first search
 (``jaxrescore.baselines.best_first.best_first_top_k``, batch k) through a KV-cached decoding
-session: every prefix whose target score clears the answer is expanded by either method, so its
-positions are the floor. Positions are the token positions the target computed (the proof's
-``result.positions``: what it fed over held key/value caches, about one per new trie node;
-best-first's session:
-one per expanded prefix; neither counts the prompt's cache, computed once per model). Calls are
+session (its held caches pooled, so each batch of k prefixes is one device call per fed width
+whatever calls computed their parents): every prefix whose target score clears the answer is
+expanded by either method, so its positions are the floor. Positions are the token positions the
+target computed (the proof's ``result.positions``: a first call that is the target's full forward
+packed as one tree, the prompt again and each distinct prefix once, then what it fed over held
+key/value caches, about one per new trie node, and the full forwards checking cached numbers;
+best-first's session: one per expanded prefix, the prompt's cache not counted). Calls are
 sequential target calls. Times: one query after a warm-up query on the same draft index (its
-growth and the compiles are in the warm-up), best-first likewise.
+growth and the compiles are in the warm-up), best-first likewise; "target share": the part of the
+proof's wall time spent in the target's calls (scoring, checks, fetched rows, waiting for the
+device included), the rest being the draft's speculation, the frontier and the index.
 
     python3 benchmarks/bench_proof_compute.py [--quick]
 """
@@ -45,9 +49,9 @@ from jaxrescore import RescoredIndex, SeekIndex  # noqa: E402
 from jaxrescore.baselines.best_first import best_first_top_k  # noqa: E402
 from jaxrescore.data.names_models import names_draft, names_target  # noqa: E402
 from jaxrescore.models.decoding import decoding_session  # noqa: E402
+from jaxrescore.rescore.scored import ScoredSet  # noqa: E402
 
 COMMAND = "python3 benchmarks/run.py --only proof_compute"
-WINDOW = 32
 # The real-text prompts measured (two of benchmarks/text.py's four: k = 300 on all four would take
 # most of an hour on 2 cores).
 TEXT_PROMPTS = ("the", "if the")
@@ -85,8 +89,37 @@ def _best_first(target, k):
 def _prove(index, target, draft, k, **policy):
     """The proven top-k as a user asks it (the library's defaults unless ``policy`` says
     ``search_width``/``adaptive_width``), and its target calls."""
-    ri = RescoredIndex(index, target, rerank_window=WINDOW, draft_model=draft, **policy)
+    ri = RescoredIndex(index, target, draft_model=draft, **policy)
     return ri.top_k(k, prove=True), ri.target_calls
+
+
+class TargetClock:
+    """Wall seconds spent inside the target's calls of proofs run while it is active (the
+    scored set's scoring, full-forward checks and fetched rows: instrumentation only)."""
+
+    METHODS = ("score", "check_forward", "_fetch")
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._saved = {m: getattr(ScoredSet, m) for m in self.METHODS}
+        for name, fn in self._saved.items():
+            setattr(ScoredSet, name, self._timed(fn))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(ScoredSet, name, fn)
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return timed
 
 
 def _equal(result, exact) -> bool:
@@ -111,12 +144,14 @@ def measure(workloads, log=print) -> list[dict]:
                                     ok=True, seconds=bf_time))
                 for name, index in indexes.items():
                     _prove(index, t_p, drafts[name], k)  # warm-up: the index grows, compiles
-                    (r, calls), seconds = clock(_prove, index, t_p, drafts[name], k)
+                    with TargetClock() as target_clock:
+                        (r, calls), seconds = clock(_prove, index, t_p, drafts[name], k)
                     ok = _equal(r, exact)
                     records.append(dict(base, method=f"prove, {name}", calls=calls, positions=r.positions, ok=ok,
-                                        seconds=seconds))
+                                        seconds=seconds, target_seconds=target_clock.seconds))
                     log(f"proof_compute: {w['name']} {label!r} k={k} {name}: {calls} calls / {exact.calls}, "
-                        f"{r.positions:,} positions / {bf_pos:,}, proven and exact: {ok}, {seconds:.2f} s / {bf_time:.2f} s")
+                        f"{r.positions:,} positions / {bf_pos:,}, proven and exact: {ok}, {seconds:.2f} s / {bf_time:.2f} s "
+                        f"(target {target_clock.seconds / seconds:.0%})")
     return records
 
 
@@ -151,12 +186,13 @@ def main_rows(records) -> list[list]:
         methods = sorted({r["method"] for r in records if r["workload"] == wl and r["method"] != base[0]["method"]})
         b_calls, b_pos, b_time = _sum(base, "calls"), _sum(base, "positions"), _sum(base, "seconds")
         rows.append([wl, k, "best-first, KV cache (batch k)", f"{b_calls:,}", "1", f"{b_pos:,}", "1.00x",
-                     f"{len(base)}/{len(base)}", f"{b_time:.2f} s"])
+                     f"{len(base)}/{len(base)}", f"{b_time:.2f} s", "1.00x", "100%"])
         for m in methods:
             mine = [r for r in records if r["workload"] == wl and r["k"] == k and r["method"] == m]
-            calls, pos = _sum(mine, "calls"), _sum(mine, "positions")
+            calls, pos, secs = _sum(mine, "calls"), _sum(mine, "positions"), _sum(mine, "seconds")
             rows.append([wl, k, m, f"{calls:,}", f"1/{b_calls / calls:.1f}", f"{pos:,}", f"{pos / b_pos:.2f}x",
-                         f"{sum(r['ok'] for r in mine)}/{len(mine)}", f"{_sum(mine, 'seconds'):.2f} s"])
+                         f"{sum(r['ok'] for r in mine)}/{len(mine)}", f"{secs:.2f} s", f"{secs / b_time:.2f}x",
+                         f"{_sum(mine, 'target_seconds') / secs:.0%}"])
     return rows
 
 
@@ -222,7 +258,8 @@ Summed over each workload's prompts (names: no prompt): sequential target calls 
 best-first's), token positions (and the ratio to best-first's), answers proven and equal to
 best-first's at every rank (within the target's 1e-3 tolerance), and wall time on 2 CPU cores.
 
-{table(["workload", "k", "method", "calls", "of best-first's", "positions", "positions ratio", "proven, = best-first", "time"], main_rows(records))}
+{table(["workload", "k", "method", "calls", "of best-first's", "positions", "positions ratio", "proven, = best-first", "time",
+        "time ratio", "target share"], main_rows(records))}
 
 The policy (wide workload, k = 10 and 100, prompts summed): the first round opens at most
 `search_width * k` of the open exits (the best by bound); "adaptive" (the default) doubles the

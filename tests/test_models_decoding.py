@@ -293,3 +293,27 @@ def test_a_step_model_prefills_a_prompt_in_one_call(monkeypatch):
     for d in range(1, 8):
         s.next_logprobs(pre[:, :d], np.full(6, d, np.int32))
     np.testing.assert_allclose(s.next_logprobs(pre, lens), pm.next_logprobs(pre, lens), atol=ATOL)
+
+
+def test_rows_held_by_many_calls_extend_in_one_call_each_width():
+    """Held caches are pooled by shape (jaxrescore.models.cache_pool): a batch whose parents
+    were computed by 12 different calls is one device call, answers the model's own rows, and
+    a budget that evicts reuses the freed slots (the pool stays within it)."""
+    m = tiny()
+    s = decoding_session(m)
+    paths = np.random.default_rng(11).integers(1, 6, size=(12, 4)).astype(np.int32)
+    for i in range(12):  # each parent by a call of its own, through its own ancestors
+        for d in (1, 2, 3):
+            s.next_logprobs(paths[i : i + 1, :d], [d])
+    calls = s.calls
+    rows = s.next_logprobs(paths, np.full(12, 4, np.int32))
+    np.testing.assert_allclose(rows, m.next_logprobs(paths, np.full(12, 4, np.int32)), atol=ATOL)
+    assert s.calls == calls + 1 and s.extended == 12 * 3
+    per_row = s.bytes_per_row
+    small = decoding_session(m, max_bytes=int(per_row * 40))
+    for d in range(1, 5):
+        for part in np.array_split(np.arange(12), 3):
+            got = small.next_logprobs(paths[part, :d], np.full(part.size, d, np.int32))
+            np.testing.assert_allclose(got, m.next_logprobs(paths[part, :d], np.full(part.size, d, np.int32)), atol=ATOL)
+    assert small.nbytes <= small.max_bytes and small.extended == 12 * 3  # every parent was still held
+    assert small._pools.capacity_bytes() <= 64 * per_row  # the pool of 40 rows: 64 slots at most
