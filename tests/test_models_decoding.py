@@ -317,3 +317,24 @@ def test_rows_held_by_many_calls_extend_in_one_call_each_width():
             np.testing.assert_allclose(got, m.next_logprobs(paths[part, :d], np.full(part.size, d, np.int32)), atol=ATOL)
     assert small.nbytes <= small.max_bytes and small.extended == 12 * 3  # every parent was still held
     assert small._pools.capacity_bytes() <= 64 * per_row  # the pool of 40 rows: 64 slots at most
+
+
+def test_a_call_that_passes_the_budget_reads_the_parents_it_planned_to():
+    """Regression: a call's first group (fresh rows from the context) passes the budget while a
+    later group of the same call extends held parents. Dropping the oldest caches mid-call let
+    the first group's rows overwrite the parents' slots (cached rows off by nats); they are
+    dropped at the call's end, so every row still equals the model's own."""
+    m = tiny()
+    rng = np.random.default_rng(12)
+    parents = rng.integers(1, 6, size=(8, 3)).astype(np.int32)
+    s = decoding_session(m)
+    s.next_logprobs(parents, np.full(8, 3, np.int32))
+    s.max_bytes = int(s.bytes_per_row * 12)  # room for the parents and 4 rows more
+    fresh = rng.integers(1, 6, size=(16, 4)).astype(np.int32)
+    children = np.concatenate([parents, rng.integers(1, 6, size=(8, 1)).astype(np.int32)], axis=1)
+    prefixes, lengths = np.concatenate([fresh, children]), np.full(24, 4, np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        got = s.next_logprobs(prefixes, lengths)
+    np.testing.assert_allclose(got, m.next_logprobs(prefixes, lengths), atol=ATOL)
+    assert s.extended >= 8 and s.nbytes <= s.max_bytes  # the children (fresh rows may share prefixes too)

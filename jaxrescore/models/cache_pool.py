@@ -66,8 +66,8 @@ class CachePools:
 
     def store(self, key: tuple, cache: PyTree, m: int, max_rows: int) -> np.ndarray:
         """Write the first ``m`` rows of ``cache`` (its leaves' leading axis: rows) into pool
-        ``key`` (:func:`pool_key`), grown to at most the power of two covering ``max_rows``
-        (the caller frees rows first: at most ``max_rows - m`` are held); returns the slots."""
+        ``key`` (:func:`pool_key`): free slots, the pool grown when it has too few (four-fold, not
+        past the power of two covering ``max_rows`` unless the held rows need it); returns them."""
         rows = jax.tree.leaves(cache)[0].shape[0]
         held = self._pools.get(key)
         if held is None:  # the pool starts as this cache, its padding rows free

@@ -467,15 +467,17 @@ class DecodingSession:
 
     def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
         """Keep the first ``m`` rows of ``cache`` (rows of ``s`` positions) in their pool (see
-        :mod:`jaxrescore.models.cache_pool`), the oldest calls' rows dropped first to make room;
-        ``keys[r]``: the prefixes row ``r`` serves (the newest holder of a key wins)."""
+        :mod:`jaxrescore.models.cache_pool`); ``keys[r]``: the prefixes row ``r`` serves (the
+        newest holder of a key wins). Nothing is dropped here: later groups of the same call
+        read slots it planned to read (the call's end drops the oldest, :meth:`_evict`)."""
         if self.max_bytes <= 0 or not m:
             return
         pool = pool_key(cache, s)
         per_row = self._pools.row_bytes(pool)
-        if not self._make_room(m * per_row):
+        if m * per_row > self.max_bytes:
+            self._warn(m * per_row)
             return
-        slots = self._pools.store(pool, cache, m, self.max_bytes // per_row)
+        slots = self._pools.store(pool, cache, m, self.max_bytes // per_row + m)
         flat = [(key, int(slot)) for row_keys, slot in zip(keys, slots) for key in row_keys]
         self._held.append((pool, slots, flat, self._call, m, m * per_row))
         self.nbytes += m * per_row
@@ -486,14 +488,10 @@ class DecodingSession:
             self._where[key] = (pool, slot)
 
     def _evict(self) -> None:
-        """Drop the oldest calls' caches while more than ``max_bytes`` are held."""
-        self._make_room(0)
-
-    def _make_room(self, nbytes: int) -> bool:
-        """Drop the oldest calls' caches until ``nbytes`` more fit in ``max_bytes``; whether they
-        do. Warns (once) when that drops caches this very call made, or refuses its rows: its
+        """At a call's end: drop the oldest calls' caches while more than ``max_bytes`` are held
+        (their slots are reused); warn (once) when that drops caches this very call made: its
         children will not find them."""
-        while self._held and self.nbytes + nbytes > self.max_bytes:
+        while self._held and self.nbytes > self.max_bytes:
             pool, slots, keys, call, m, held = self._held.popleft()
             self.nbytes -= held
             self.held_rows -= m
@@ -505,11 +503,7 @@ class DecodingSession:
                         del self._lengths[len(key) // 4]
             self._pools.free(pool, slots)
             if call == self._call:
-                self._warn(nbytes + held)
-        fits = self.nbytes + nbytes <= self.max_bytes
-        if not fits:
-            self._warn(nbytes)
-        return fits
+                self._warn(sum(h[5] for h in self._held if h[3] == self._call) + held)
 
     def _warn(self, needed: int) -> None:
         if self._warned:
