@@ -129,6 +129,17 @@ def test_packed_force_is_the_full_forward_and_holds_caches_to_extend(family, pro
         assert check(model, session, [fed + (1, eos)], [len(fed) + 1], 4) == 1
 
 
+def test_packed_force_declines_when_feeding_computes_less():
+    """A long prompt again for a few short rows costs more than feeding them over the held
+    context: packed_force returns None (the caller feeds them), and a session without a packed
+    forward (a user's step model) always does."""
+    model = tiny().with_prompt((1, 2, 3, 4, 5, 1, 2, 3))
+    assert decoding_session(model).packed_force([(1, 2, 0), (2, 0)], 3) is None  # 9 + 4 > 3
+    m = from_apply_fn(mean_apply, mean_params(), vocab_size=MEAN_V, bos_id=MEAN_V, max_len=8, eos=0,
+                      init_cache=mean_init_cache, step=mean_step)
+    assert decoding_session(m).packed_force([(1, 2, 3, 0)], 3) is None
+
+
 def test_eviction_under_a_tiny_budget_stays_correct():
     m = tiny()
     s = decoding_session(m, max_bytes=1 << 12)
