@@ -134,7 +134,7 @@ def test_packed_force_declines_when_feeding_computes_less():
     context: packed_force returns None (the caller feeds them), and a session without a packed
     forward (a user's step model) always does."""
     model = tiny().with_prompt((1, 2, 3, 4, 5, 1, 2, 3))
-    assert decoding_session(model).packed_force([(1, 2, 0), (2, 0)], 3) is None  # 9 + 4 > 3
+    assert decoding_session(model).packed_force([(1, 2, 0), (2, 0)], 3) is None  # 9 + 3 > 2 * 3
     m = from_apply_fn(mean_apply, mean_params(), vocab_size=MEAN_V, bos_id=MEAN_V, max_len=8, eos=0,
                       init_cache=mean_init_cache, step=mean_step)
     assert decoding_session(m).packed_force([(1, 2, 3, 0)], 3) is None

@@ -51,13 +51,10 @@ def test_assembled_rows_equal_a_full_forward_and_cost_only_new_nodes(prompt):
     s = scored_set(target, top_m=2)  # top-2 of 6: a step outside it forces a recomputed position
     first = [(1, 2, 3, 0), (1, 4, 0)]
     add(s, first)
-    # the first call is ONE packed full forward where that computes no more than feeding the rows
-    # over the held context: the context (BOS and the prompt) and each distinct prefix once,
-    # (1,), (1, 2), (1, 2, 3), (1, 4): 5 positions against 3 + 2 fed without a prompt (its rows
-    # then full-forward numbers), 7 with the 2-token prompt (then fed: rows of one call that
-    # diverge share nothing, and their numbers are the cached path's)
-    packed = not prompt
-    assert s.positions == (1 + 4 if packed else 3 + 2) and s.calls == 1 and s.exact.all() == packed
+    # the first call is ONE packed full forward (it computes at most twice what feeding the rows
+    # would, 3 + 2): the context (BOS and the prompt) and each distinct prefix once, (1,),
+    # (1, 2), (1, 2, 3), (1, 4); its rows are full-forward numbers
+    assert s.positions == 1 + len(prompt) + 4 and s.calls == 1 and s.exact.all()
     rows = s.arrays()
     top = {tuple(first[0][:j]): set(rows.top_ids[0, j].tolist()) for j in range(4)}
     # (1, 2, 3, 5, 0): continues (1, 2, 3) with token 5, then one more node

@@ -290,17 +290,22 @@ class DecodingSession:
         :meth:`teacher_force` would hold them, for later calls to extend. The positions counted
         are the packed sequence's: the context (BOS and a prompt) again, and each distinct
         prefix once. None when the model has no packed forward (on a mesh, or not one of the
-        library's networks), or when the packed sequence is longer than what feeding the rows
-        over the held context would compute (a long prompt again for a few short rows,
-        measured: a 3-token continuation of SmolLM2 cost 21 positions packed, 15 fed and
-        checked): then call :meth:`teacher_force`."""
+        library's networks), or when the packed sequence is more than twice what feeding the
+        rows over the held context computes (each distinct fed prefix that no other extends:
+        :meth:`teacher_force`'s cost; twice, as packing spares the full forward that would check
+        those rows). A long prompt again for a few short rows is declined: a 3-token
+        continuation of SmolLM2 cost 21 positions packed, 15 fed and checked. Then call
+        :meth:`teacher_force`."""
         base, prompt = _split_prompt(self.model)
         if not getattr(base, "packs_prompt", False) or not callable(getattr(base, "packed_forward", None)):
             return None
         batch, _ = check_teacher_rows(rows, np.zeros(len(rows), np.int64), self.vocab_size, self.max_len)
         toks, lens = batch.tokens, batch.lengths.astype(np.int64)
-        positions = packed_positions(len(prompt), batch.to_tuples())
-        if positions > int(np.maximum(lens - 1, 0).sum()):
+        tuples = batch.to_tuples()
+        positions = packed_positions(len(prompt), tuples)
+        fed = {r[:-1] for r in tuples if len(r) > 1}
+        extended = {f[:j] for f in fed for j in range(1, len(f))}
+        if positions > 2 * sum(len(f) for f in fed - extended):
             return None
         self._begin()
 
