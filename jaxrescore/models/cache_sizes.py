@@ -48,9 +48,14 @@ def default_cache_bytes() -> int:
             return max(int(float(env)), 0)
         except ValueError:
             raise ValueError(f"{CACHE_BYTES_ENV} must be a number of bytes, got {env!r}") from None
-    cap = 1 << 30
+    return memory_share(1 << 30, 16)
+
+
+def memory_share(cap: int, part: int) -> int:
+    """``cap`` bytes, or ``1/part`` of the machine's physical memory when that is less (at least
+    64 MiB); ``cap`` where the memory cannot be read."""
     try:
         phys = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):
         return cap
-    return int(min(cap, max(phys // 16, 64 << 20)))
+    return int(min(cap, max(phys // part, 64 << 20)))

@@ -311,8 +311,7 @@ class DecodingSession:
 
         def hold(group, cache):  # each row holds its fed tokens (all but its last), as a feed would
             fed = [max(int(lens[i]) - 1, 0) for i in group]
-            b = jax.tree.leaves(cache)[0].shape[0]
-            self._hold(cache, len(group), b, self._cache_len(max(max(fed), 1)),
+            self._hold(cache, len(group), self._cache_len(max(max(fed), 1)),
                        [self._row_keys(toks[i], 0, f) for i, f in zip(group, fed)])
             self.calls += 1
 
@@ -451,7 +450,7 @@ class DecodingSession:
             self.calls += 1
             self.positions += int(fed.sum())
             self.extended += m if pool is not None else 0
-            self._hold(held, m, b, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
+            self._hold(held, m, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
             out.append((part, part_start, rows))
         return out
 
@@ -475,7 +474,7 @@ class DecodingSession:
         lo = int(start) + 1 if self._dec.prefix_reuse else int(end)
         return [row[:n].tobytes() for n in range(max(lo, 1), int(end) + 1)]
 
-    def _hold(self, cache, m: int, b: int, s: int, keys: list) -> None:
+    def _hold(self, cache, m: int, s: int, keys: list) -> None:
         """Keep the first ``m`` rows of ``cache`` (rows of ``s`` positions) in their pool (see
         :mod:`jaxrescore.models.cache_pool`); ``keys[r]``: the prefixes row ``r`` serves (the
         newest holder of a key wins). Nothing is dropped here: later groups of the same call

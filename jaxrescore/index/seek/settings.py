@@ -6,10 +6,10 @@ bar between calls); everything that does change lives in :class:`~jaxrescore.ind
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 from jaxrescore._checks import check_bool, check_choice, check_float, check_int
+from jaxrescore.models.cache_sizes import memory_share
 from jaxrescore.models.checked import check_protocol
 from jaxrescore.quantize import MAX_BUDGET_BITS, Quantizer
 
@@ -22,12 +22,7 @@ def default_max_bytes() -> int:
     """The default ``max_bytes``: 2 GiB, or an eighth of the machine's physical memory when that is
     less (but at least 64 MiB). With the transient peak of a build (about twice the limit) that
     keeps an index well inside the memory of a laptop or a notebook runtime."""
-    cap = 2 << 30
-    try:
-        phys = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return cap
-    return int(min(cap, max(phys // 8, 64 << 20)))
+    return memory_share(2 << 30, 8)
 
 
 class SeekSettings(NamedTuple):
