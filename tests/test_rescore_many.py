@@ -111,3 +111,23 @@ def test_rescore_many_takes_the_query_keywords_of_slice():
             assert (a.proven, a.certified) == (b.proven, b.certified)
     with pytest.raises(ValueError, match="until_certified=True needs an assumed_gap"):
         rs.rescore_many([RescoredIndex(SeekIndex(as_model(drafts[0])), t_model)], 2, until_certified=True)
+
+
+def test_joint_proofs_of_a_network_reuse_each_prompts_caches():
+    """Prompts of one transformer proven jointly compute about what proving each alone computes
+    (each prompt's rows extend their own held key/value caches, the first call packed), in fewer
+    calls, with the same proven answers."""
+    import jaxrescore
+    from jaxrescore.data.names_models import names_draft, names_target
+
+    target, draft = names_target(), names_draft()
+    prompts = ["ma", "jo", "el", "da"]
+    alone = [jaxrescore.top_k(target, draft, 5, prompt=p) for p in prompts]
+    together = jaxrescore.top_k(target, draft, 5, prompt=prompts)
+    for a, b in zip(alone, together):
+        assert a.proven is True and b.proven is True
+        assert [s for s, _ in a.items] == [s for s, _ in b.items]
+        np.testing.assert_allclose([lp for _, lp in a.items], [lp for _, lp in b.items], rtol=0, atol=1e-4)
+    mine, theirs = sum(r.positions for r in together), sum(r.positions for r in alone)
+    assert mine <= 1.2 * theirs, (mine, theirs)
+    assert max(r.rounds for r in together) < sum(r.rounds for r in alone)

@@ -75,7 +75,7 @@ from jaxrescore.models.cache_sizes import (  # noqa: F401 (CACHE_BYTES_ENV: re-e
 )
 from jaxrescore.models.checks import check_nan, check_prefixes
 from jaxrescore.models.mesh import mesh_context, to_host
-from jaxrescore.models.packed import KeepCaches, packed_frontier, packed_positions
+from jaxrescore.models.packed import KeepCaches, packed_frontier, packed_row_positions
 from jaxrescore.models.scores import FLOAT32_TOLERANCE, check_top_m, clipped_log_softmax as _log_softmax, score_tolerance
 from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_rows, frontier_reduce, share_feeds
 from jaxrescore.sequences import bucket_size
@@ -181,6 +181,9 @@ class DecodingSession:
         and no warning).
       positions: token positions computed (each row the tokens it added to the cache it started
         from: 1 for a row whose parent was held, its length for a row prefilled from the context).
+      row_positions: int64[N], the positions the last :meth:`teacher_force` or
+        :meth:`packed_force` computed for each of its rows (what a joint call of several
+        queries charges each, see :mod:`jaxrescore.rescore.many`).
       rows: rows answered; ``extended``: rows answered (or teacher-forced rows fed) from a held
         parent or ancestor cache; ``calls``: device calls made. ``positions`` and ``calls``
         count :meth:`teacher_force` too.
@@ -199,6 +202,7 @@ class DecodingSession:
         self.vocab_size, self.eos, self.max_len = int(model.vocab_size), model.eos, int(model.max_len)
         self.max_bytes = default_cache_bytes() if max_bytes is None else int(max_bytes)
         self.positions = self.rows = self.extended = self.calls = 0
+        self.row_positions = np.zeros(0, np.int64)
         self.nbytes = self.held_rows = 0
         self._where: dict[bytes, tuple] = {}  # prefix key -> (pool key, slot)
         self._lengths: collections.Counter = collections.Counter()  # prefix length -> keys held
@@ -275,8 +279,9 @@ class DecodingSession:
         before = self.positions
         with mesh_context(self._base.mesh):
             params, ctx = self._begin()
-            self._teach(batch, known, reduce, out, params, ctx)
+            fed = self._teach(batch, known, reduce, out, params, ctx)
         self._evict()
+        self.row_positions = fed
         frontier = out.result()
         for values in (frontier.steps, frontier.top_lps) if frontier.steps.size else ():
             check_nan(self.model, values, batch.lengths - known, "teacher_force")
@@ -302,7 +307,8 @@ class DecodingSession:
         batch, _ = check_teacher_rows(rows, np.zeros(len(rows), np.int64), self.vocab_size, self.max_len)
         toks, lens = batch.tokens, batch.lengths.astype(np.int64)
         tuples = batch.to_tuples()
-        positions = packed_positions(len(prompt), tuples)
+        per_row = packed_row_positions(len(prompt), tuples)
+        positions = int(per_row.sum())
         fed = {r[:-1] for r in tuples if len(r) > 1}
         extended = {f[:j] for f in fed for j in range(1, len(f))}
         if positions > 2 * sum(len(f) for f in fed - extended):
@@ -318,11 +324,13 @@ class DecodingSession:
         frontier = packed_frontier(base, base.packed_forward(), prompt, batch, top_m, KeepCaches(self._cache_len, hold))
         self.positions += positions
         self._evict()
+        self.row_positions = per_row
         return TeacherForced(frontier, positions)
 
-    def _teach(self, batch, known, reduce, out, params, ctx) -> None:
+    def _teach(self, batch, known, reduce, out, params, ctx) -> np.ndarray:
         """Fill ``out`` (see :meth:`teacher_force`): one call per held cache started from and
-        power of two of fed tokens, chunked like :meth:`_extend`."""
+        power of two of fed tokens, chunked like :meth:`_extend`. Returns the positions each row
+        fed (int64[N]; 0 for a row read from another's outputs)."""
         toks, lens = batch.tokens, batch.lengths.astype(np.int64)
         out.context(np.flatnonzero((known == 0) & (lens > 0)), ctx.row, reduce)
         first = np.maximum(known, 1)
@@ -349,10 +357,13 @@ class DecodingSession:
             return (self._base._put(targets), *q)  # the queries are not rows: replicated
 
         pending = [self._extend(pool, m, toks, lens - 1, ctx, params, reduce, extra) for (pool, _), m in groups.items()]
+        fed = np.zeros(batch.size, np.int64)
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
+            fed[part] += lens[part] - 1 - starts
             host = tuple(to_host(x) for x in dev)
             who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
             out.fill([i for i, _, _ in who], np.array([k for _, k, _ in who]), np.array([s for _, _, s in who]), host, at)
+        return fed
 
     def _begin(self):
         """``(params, context)`` of a new call; held caches of other weights are dropped."""

@@ -93,8 +93,22 @@ def _prefixes(rows: list) -> dict:
 def packed_positions(prompt_length: int, rows: list) -> int:
     """Token positions :func:`packed_frontier` computes for the continuations ``rows``: per
     packed group, the prompt once and each distinct prefix of its rows once."""
+    return int(packed_row_positions(prompt_length, rows).sum())
+
+
+def packed_row_positions(prompt_length: int, rows: list) -> np.ndarray:
+    """int64[N]: :func:`packed_positions` per row: each distinct prefix to the first row of its
+    group that has it, the group's context (BOS and the prompt) to the group's first row."""
     rows = [tuple(r) for r in rows]
-    return sum(prompt_length + len(_prefixes([rows[i] for i in g])) for g in _groups(rows, prompt_length + 1))
+    out = np.zeros(len(rows), np.int64)
+    for g in _groups(rows, prompt_length + 1):
+        out[g[0]] += prompt_length + 1
+        seen = {()}
+        for i in g:
+            new = {rows[i][:j] for j in range(1, len(rows[i]))} - seen
+            out[i] += len(new)
+            seen |= new
+    return out
 
 
 def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int, keep: KeepCaches | None = None) -> FrontierScores:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.scores import FrontierScores
 from jaxrescore.rescore.processes import agree, query_arguments
 from jaxrescore.rescore.progress import report
@@ -21,32 +22,50 @@ from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
 
-def _joint(indexes: Sequence[RescoredIndex]):
-    """``(model, prompts)``: one model scoring every index's candidates — the shared target
-    (prompts all empty) or the shared base of prompted targets (``.base`` and ``.prompt``), which
-    scores ``prompt + continuation`` with the prompt's steps skipped."""
+class Joint(NamedTuple):
+    """What scores several indexes' rows in one call: the joint ``model`` (see :func:`joint`),
+    each index's ``prompts``, and ``session``: a decoding session over the model (held for the
+    whole query) when every set teacher-forces over key/value caches, else None (full forwards)."""
+
+    model: Any
+    prompts: list
+    session: Any = None
+
+    def of(self, live: list) -> "Joint":
+        """The joint scorer of the indexes ``live`` (positions in the original list)."""
+        return self._replace(prompts=[self.prompts[i] for i in live])
+
+
+def joint(indexes: Sequence[RescoredIndex], sets: list[ScoredSet]) -> Joint:
+    """The :class:`Joint` of ``indexes``: their shared target (prompts all empty) or the shared
+    base of their prompted targets (``.base`` and ``.prompt``), which scores ``prompt +
+    continuation`` with the prompt's steps skipped; with a session over it when every set
+    decodes over held caches (``sets``: the indexes' scored sets)."""
     targets = [ri.target for ri in indexes]
     if all(t is targets[0] for t in targets):
-        return targets[0], [()] * len(targets)
-    bases = [getattr(t, "base", None) for t in targets]
-    # a constrained target's numbers are not its base's: it never shares the base's call
-    masked = any(getattr(t, "constraint", None) is not None for t in targets)
-    if masked or bases[0] is None or any(b is not bases[0] or not hasattr(t, "prompt") for b, t in zip(bases, targets)):
-        raise ValueError(
-            "rescore_many needs indexes whose targets are one and the same model, or prompted "
-            "models (with_prompt) of one and the same base model (not constrained ones: query "
-            "those one by one)"
-        )
-    return bases[0], [tuple(t.prompt) for t in targets]
+        model, prompts = targets[0], [()] * len(targets)
+    else:
+        bases = [getattr(t, "base", None) for t in targets]
+        # a constrained target's numbers are not its base's: it never shares the base's call
+        masked = any(getattr(t, "constraint", None) is not None for t in targets)
+        if masked or bases[0] is None or any(b is not bases[0] or not hasattr(t, "prompt") for b, t in zip(bases, targets)):
+            raise ValueError(
+                "rescore_many needs indexes whose targets are one and the same model, or prompted "
+                "models (with_prompt) of one and the same base model (not constrained ones: query "
+                "those one by one)"
+            )
+        model, prompts = bases[0], [tuple(t.prompt) for t in targets]
+    cached = all(s.proves and s.decodes for s in sets)
+    return Joint(model, prompts, proof_session(model) if cached else None)
 
 
-def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list], checks: list | None = None) -> list:
+def _score_jointly(jt: Joint, sets: list[ScoredSet], parts: list[list], checks: list | None = None) -> list:
     """Every part's ``(scores, block, positions, exact)`` from ONE call of the joint model (see
     ``ScoredSet.score``), or with ``checks`` (per set, scored rows to check by a full forward in
     the same call) ``(that, checked)`` pairs, ``checked`` as ``ScoredSet.check_forward`` gives it."""
     if checks is not None:
-        return list(zip(_score_jointly(indexes, sets, parts), _check_jointly(indexes, sets, checks)))
-    model, prompts = _joint(indexes)
+        return list(zip(_score_jointly(jt, sets, parts), _check_jointly(jt, sets, checks)))
+    model, prompts = jt.model, jt.prompts
     flat = [s for part in parts for s in part]
     sizes = [len(p) for p in parts]
     splits = np.cumsum(sizes)[:-1]
@@ -64,31 +83,65 @@ def _score_jointly(indexes, sets: list[ScoredSet], parts: list[list], checks: li
         return [(sc, None, s.unpacked_positions(part), np.ones(len(part), bool))
                 for sc, s, part in zip(np.split(checked_scores(raw, flat, tolerance), splits), sets, parts)]
     # Each set forwards only the views with a position it does not hold (rows wholly held, e.g.
-    # p + eos after a scored p, need no forward); the joint call runs full forwards (one model,
-    # several prompts: no shared key/value cache).
+    # p + eos after a scored p, need no forward).
     cut = [forward_rows(part, s.structure) for s, part in zip(sets, parts)]
     plans = [s.plan(rs) for s, (rs, _) in zip(sets, cut)]
     needs = [np.flatnonzero(p.known < np.array([len(r) for r in rs], np.int64)) for p, (rs, _) in zip(plans, cut)]
     rows = [rs[i] for (rs, _), need in zip(cut, needs) for i in need]
-    fs = frontier_scores(model, rows, sets[0].top_m, [pr for pr, need in zip(prompts, needs) for _ in need]) if rows else None
+    known = np.array([k for p, need in zip(plans, needs) for k in p.known[need].tolist()], np.int64)
+    owner = np.repeat(np.arange(len(sets)), [need.size for need in needs])
+    fs, per_row, exact = _forward_jointly(jt, sets, rows, known, owner) if rows else (None, None, None)
     out, lo = [], 0
     for (rs, ok), s, part, p, need in zip(cut, sets, parts, plans, needs):
         fresh, hi = None, lo + need.size
         if need.size:
             block = FrontierScores(*(a[lo:hi] for a in fs))
-            checked_frontier(block, [part[i] for i in need], ok[need], s.tolerance)
-            fresh = pad_fresh(shift_left(block, p.known[need]), need, len(rs))
+            if exact is None:  # full forwards: whole rows, checked as they come
+                checked_frontier(block, [part[i] for i in need], ok[need], s.tolerance)
+                block = shift_left(block, p.known[need])
+            fresh = pad_fresh(block, need, len(rs))
         full = s.completed(rs, p, fresh)
-        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), s.unpacked_positions([rs[i] for i in need]),
-                    s.exact_rows(p.known)))
+        if exact is None:
+            row_exact, positions = s.exact_rows(p.known), s.unpacked_positions([rs[i] for i in need])
+        else:
+            row_exact = np.array([len(r) == 0 for r in rs], bool)
+            row_exact[need] = exact[lo:hi]
+            positions = int(per_row[lo:hi].sum())
+        out.append((checked_frontier(full, part, ok, s.tolerance), (rs, full), positions, row_exact))
         lo = hi
     return out
 
 
-def _check_jointly(indexes, sets: list[ScoredSet], checks: list) -> list:
+def _forward_jointly(jt: Joint, sets: list[ScoredSet], rows: list, known: np.ndarray, owner: np.ndarray):
+    """The views ``rows`` (of the sets ``owner``, each known up to ``known``) in one call:
+    ``(FrontierScores, positions int64[N] or None, exact bool[N] or None)``. Without a session,
+    full forwards of whole rows after their prompts (the prompt counted in each). With one,
+    ``prompt + row`` over the joint session's held caches, as each set's own session would feed
+    them (left-aligned from ``known``, each row charged what it fed): the first call of the
+    query the full forward packed as one tree (exact numbers, see
+    :meth:`~jaxrescore.models.decoding.DecodingSession.packed_force`), later ones cached
+    numbers that the answer check reads again."""
+    prompts = [jt.prompts[i] for i in owner.tolist()]
+    if jt.session is None:
+        return frontier_scores(jt.model, rows, sets[0].top_m, prompts), None, None
+    lead = np.array([len(p) for p in prompts], np.int64)
+    whole = [p + r for p, r in zip(prompts, rows)]
+    packed = jt.session.packed_force(whole, sets[0].top_m) if not any(s.seqs for s in sets) else None
+    if packed is not None:
+        fs = shift_left(packed.frontier, lead + known)
+        exact = np.ones(len(rows), bool)
+    else:
+        fs = jt.session.teacher_force(whole, lead + known, sets[0].top_m).frontier
+        exact = np.zeros(len(rows), bool)
+    # a row's score counts its own steps from ``known`` on, as a set's own session gives it
+    fs = fs._replace(scores=np.asarray(fs.steps, np.float64).sum(axis=1))
+    return fs, jt.session.row_positions, exact
+
+
+def _check_jointly(jt: Joint, sets: list[ScoredSet], checks: list) -> list:
     """Per set, ``ScoredSet.check_forward`` of its rows ``checks[i]`` (or None), every set's
     from ONE full forward of the joint model."""
-    model, prompts = _joint(indexes)
+    model, prompts = jt.model, jt.prompts
     rows = []
     for s, c in zip(sets, checks):
         c = np.asarray(c, np.int64).reshape(-1)
@@ -149,7 +202,8 @@ def rescore_many(
               for ri, q, pull in zip(indexes, queries, pulls)]
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [first.seqs for first in firsts]
-    results = _score_jointly(indexes, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
+    jt = joint(indexes, sets)
+    results = _score_jointly(jt, sets, parts) if any(parts) else [(np.zeros(0), None, 0)] * len(parts)
     for s, first, scored in zip(sets, firsts, results):
         s.add(first.seqs, first.draft_lps, first.ranks, scored=scored)
         s.calls = int(scored[2] > 0)  # it took part in the call when it forwarded a row
@@ -162,7 +216,7 @@ def rescore_many(
                                                            certificate_probe(ri, cover))
             if not mode.prove and sets[i].check(cover.k - 1):  # the answer's cached rows: a full forward
                 rounds[i] += 1
-    states = _search_jointly(indexes, sets, start + queries[0].k, mode.budget, rounds, [first.aim for first in firsts]) if mode.prove else None
+    states = _search_jointly(jt, indexes, sets, start + queries[0].k, mode.budget, rounds, [first.aim for first in firsts]) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
         s.answer_drafts(q.start + q.k - 1)
@@ -174,7 +228,7 @@ def rescore_many(
     return out
 
 
-def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int],
+def _search_jointly(jt: Joint, indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int],
                     aims: list[float]) -> list[SearchState]:
     """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
     rounds each has made; ``aims``: each draft's expected worst answer, see
@@ -199,7 +253,7 @@ def _search_jointly(indexes, sets: list[ScoredSet], k: int, budget: SearchBudget
         live = list(new)
         report(f"round {max(states[i].rounds for i in live) + 1}: scoring {sum(len(new[i].new) for i in live)} new "
                f"sequences for {len(live)} of {len(indexes)} prompts")
-        scored = _score_jointly([indexes[i] for i in live], [sets[i] for i in live], [new[i].new for i in live],
+        scored = _score_jointly(jt.of(live), [sets[i] for i in live], [new[i].new for i in live],
                                 [new[i].check for i in live])
         for i, (sc, checked) in zip(live, scored):
             r = new[i]

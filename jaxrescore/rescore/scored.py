@@ -154,6 +154,13 @@ class ScoredSet:
         return target_structure(self.target)
 
     @property
+    def decodes(self) -> bool:
+        """Whether the set's rows are teacher-forced over held key/value caches (their cached
+        numbers are checked by a full forward before an answer rests on them, see
+        :meth:`unchecked`), not full forwards."""
+        return self._session is not None
+
+    @property
     def add_starts(self) -> list[int]:
         """Per :meth:`add` that scored sequences, how many were scored before it."""
         return list(self._adds)
