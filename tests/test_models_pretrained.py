@@ -429,9 +429,10 @@ def test_top_k_proves_through_gpt2_with_text(gpt2_pair):
     result = jaxrescore.top_k(target, draft, 3, prompt="the cat")
     assert result.proven
     assert len(result.texts) == 3 and all(isinstance(t, str) for t in result.texts)
-    # the proven answer is the target's: its exact scores, in order
+    # the proven answer is the target's: its exact scores, in order (the packed full forward's,
+    # which sums in another order than a row forward: 4e-6 apart measured on one CPU)
     scores = target.with_prompt("the cat").score_sequences([s for s, _ in result.items])
-    np.testing.assert_allclose([lp for _, lp in result.items], scores, atol=1e-6)
+    np.testing.assert_allclose([lp for _, lp in result.items], scores, atol=2e-5)
     prompt = target.tokenizer.encode("the cat")
     assert result.texts[0] == target.tokenizer.decode(tuple(prompt) + result.items[0][0][:-1])
     assert result.texts[0].startswith("the cat")

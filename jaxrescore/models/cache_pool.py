@@ -9,6 +9,10 @@ a pool, one gather serves any mix of them, so a batch is one call per fed width.
 A pool's leaves have a leading row axis of ``capacity`` rows (a power of two, grown 4x when full);
 rows are written in place (the old array donated) and freed slots are reused. On a mesh the pool
 keeps the row sharding of the caches it was made from.
+
+Where the device is the host's own memory (the CPU backend, no mesh) a pool is a numpy array: its
+gather and scatter are numpy's, so no program is compiled per pool capacity and batch size (on
+the real-text workload those were 55 of the 95 XLA programs a first proven top-25 compiled).
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ def _grown(pool, capacity: int):
     return jax.tree.map(lambda p: jnp.zeros((capacity,) + p.shape[1:], p.dtype).at[: p.shape[0]].set(p), pool)
 
 
+def _grown_host(pool, capacity: int):
+    """:func:`_grown` of a host pool (numpy leaves)."""
+    def grow(p):
+        out = np.zeros((capacity,) + p.shape[1:], p.dtype)
+        out[: p.shape[0]] = np.asarray(p)
+        return out
+
+    return jax.tree.map(grow, pool)
+
+
 @jax.jit
 def _take(pool, idx):
     """Rows ``idx`` of every leaf (leading axis: rows)."""
@@ -53,8 +67,9 @@ def pool_key(cache: PyTree, length: int) -> tuple:
 class CachePools:
     """Every pool of one session (see the module docstring)."""
 
-    def __init__(self, put):
+    def __init__(self, put, host: bool = False):
         self._put = put  # host index array -> device (split over a mesh's batch axis)
+        self.host = host  # pools as numpy arrays (see the module docstring)
         self._pools: dict = {}  # key -> [pool pytree, capacity, free slots (list, ascending pops)]
 
     def clear(self) -> None:
@@ -72,14 +87,19 @@ class CachePools:
         held = self._pools.get(key)
         if held is None:  # the pool starts as this cache, its padding rows free
             capacity = max(bucket_size(rows, 1), min(MIN_POOL_ROWS, bucket_size(max_rows, 1)))
-            held = self._pools[key] = [_grown(cache, capacity), capacity, list(range(capacity - 1, m - 1, -1))]
+            pool = _grown_host(cache, capacity) if self.host else _grown(cache, capacity)
+            held = self._pools[key] = [pool, capacity, list(range(capacity - 1, m - 1, -1))]
             return np.arange(m, dtype=np.int64)
         if len(held[2]) < m:  # grown four-fold (each growth copies the whole pool), to the cap
             capacity = bucket_size(held[1] - len(held[2]) + m, min(GROWTH * held[1], bucket_size(max_rows, 1)))
-            held[0] = _grown(held[0], capacity)
+            held[0] = _grown_host(held[0], capacity) if self.host else _grown(held[0], capacity)
             held[2] = list(range(capacity - 1, held[1] - 1, -1)) + held[2]
             held[1] = capacity
         slots = np.array([held[2].pop() for _ in range(m)], np.int64)
+        if self.host:
+            for p, r in zip(jax.tree.leaves(held[0]), jax.tree.leaves(cache)):
+                p[slots] = np.asarray(r)[:m]
+            return slots
         idx = np.full(rows, held[1], np.int32)  # padding rows: past the pool, dropped
         idx[:m] = slots
         held[0] = _store(held[0], self._put(idx), cache)
@@ -87,6 +107,8 @@ class CachePools:
 
     def take(self, key: tuple, slots: np.ndarray) -> PyTree:
         """The rows ``slots`` (int32[B], padding rows any held slot) of pool ``key``."""
+        if self.host:
+            return jax.tree.map(lambda p: p[np.asarray(slots, np.int64)], self._pools[key][0])
         return _take(self._pools[key][0], self._put(np.asarray(slots, np.int32)))
 
     def free(self, key: tuple, slots) -> None:

@@ -32,7 +32,7 @@ prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
 the full forward itself, packed as one tree (:mod:`jaxrescore.models.packed`; numbers that need
 no check), which also yields the rows' caches for later calls to extend.
 
-Shapes and bytes. Rows per call are padded to powers of two (at least ``min_rows``, and at least
+Shapes and bytes. Rows per call are padded to ``min_rows`` times a power of four (at least
 :data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths are powers of four; the held
 rows live in one pool per cache shape (:mod:`jaxrescore.models.cache_pool`), so a call extends
 rows held by any earlier calls with one gather. The SHARED context (the prompt's keys and
@@ -116,11 +116,16 @@ class Decoder:
         and values under the causal mask ``arange(S) <= position``: positions past the prefix are
         ignored, then overwritten): the session then keys each of them (a radix cache). False
         for a user's step, whose cache may be any function of the row (a running sum).
+      zeros_fresh: whether zeros are fresh rows (``cache=None``): the session then passes zeros
+        for rows started from the context on the host (see :meth:`DecodingSession._fresh`), so
+        one compiled program serves rows from the context and from held caches. False for a
+        user's step, whose ``init_cache`` may be anything.
     """
 
     fn: Callable
     empty_context: Callable[[], PyTree]
     prefix_reuse: bool = False
+    zeros_fresh: bool = False
 
 
 def _split_prompt(model):
@@ -206,7 +211,8 @@ class DecodingSession:
         self.nbytes = self.held_rows = 0
         self._where: dict[bytes, tuple] = {}  # prefix key -> (pool key, slot)
         self._lengths: collections.Counter = collections.Counter()  # prefix length -> keys held
-        self._pools = CachePools(self._base._put)
+        self._pools = CachePools(self._base._put, host=self._base.mesh is None and jax.default_backend() == "cpu")
+        self._fresh_shapes: dict = {}  # row-cache length -> fresh caches' shapes (see _fresh)
         # per hold, oldest first: (pool key, slots, [(prefix key, slot)], call number, rows, bytes)
         self._held: collections.deque = collections.deque()
         self._call = 0
@@ -436,7 +442,7 @@ class DecodingSession:
         for lo in range(0, idx.size, per):
             part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
             fed = (ends[part] - part_start).astype(np.int32)
-            b = max(self._base._rows_bucket(m), ONE_TOKEN_ROWS if w == 1 else BLOCK_POSITIONS // w, 1)
+            b = self._call_rows(m, per, w)
             block = np.zeros((b, w), np.int32)
             cols = part_start[:, None] + np.arange(w)[None, :]
             real = cols < ends[part][:, None]
@@ -453,6 +459,8 @@ class DecodingSession:
                 rows_in = np.full(b, members[lo][1], np.int32)  # padding rows: a held one
                 rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
                 cache = self._pools.take(pool, rows_in)
+            elif self._pools.host and self._dec.zeros_fresh:  # one program for both kinds of rows
+                cache = self._fresh(params, ctx, b, s_out)
             args = () if reduce is None else extra(part, part_start, b, w)
             rows, held = _decode(
                 self._dec.fn, params, put(block), put(start), put(last), ctx.cache, np.int32(ctx.length),
@@ -464,6 +472,27 @@ class DecodingSession:
             self._hold(held, m, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
             out.append((part, part_start, rows))
         return out
+
+    def _fresh(self, params, ctx, b: int, s: int):
+        """Host zeros shaped as ``b`` fresh row caches of ``s`` positions (what the decoder makes
+        of ``cache=None``; their shapes traced once per ``s``, nothing compiled)."""
+        shapes = self._fresh_shapes.get(s)
+        if shapes is None:
+            one = np.zeros((1, 1), np.int32)
+            shapes = jax.eval_shape(lambda p, c: self._dec.fn(p, one, one[0], one[0], c, np.int32(0), None, s)[1],
+                                    params, ctx.cache)
+            self._fresh_shapes[s] = shapes
+        return jax.tree.map(lambda x: np.zeros((b,) + x.shape[1:], x.dtype), shapes)
+
+    def _call_rows(self, m: int, per: int, w: int) -> int:
+        """The padded rows of a call of ``m`` rows of ``w`` fed tokens (``per``: the most per
+        call): a power of FOUR times the model's smallest bucket, so the calls of a search take
+        few shapes (each a compile: a search's calls range over 16-1024 rows), never past the
+        bucket of ``per``; at least :data:`ONE_TOKEN_ROWS` rows of one token, or one block of
+        :data:`BLOCK_POSITIONS` positions."""
+        bucket = self._base._rows_bucket
+        coarse = min(bucket(coarse_size(m, bucket(1))), bucket(per))
+        return max(coarse, bucket(m), ONE_TOKEN_ROWS if w == 1 else BLOCK_POSITIONS // w, 1)
 
     def _cache_len(self, need: int) -> int:
         """The row-cache length of a call writing up to position ``need``. Short rows (a model

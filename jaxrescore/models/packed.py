@@ -44,6 +44,15 @@ def _bucket(n: int, least: int = 8) -> int:
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
 
+def _coarse(n: int, least: int) -> int:
+    """``least`` times the power of FOUR at or above ``n``: the packed sequence's length and its
+    rows, so a search's packed forwards (16 to 1,024 tokens) take few shapes, each a compile."""
+    size = least
+    while size < n:
+        size *= 4
+    return size
+
+
 @partial(jax.jit, static_argnums=(0, 7, 8))
 def _packed_stats(packed, params, tokens, positions, visible, at, targets, top_m, eos, paths=None):
     """One packed forward's per-position arrays, read at ``at int32[N, W]`` (indices into the
@@ -130,8 +139,10 @@ def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int, keep: KeepCa
     batch = as_sequence_batch(seqs)
     check_tokens(batch, model.vocab_size, model.max_len - len(prompt))
     top_m = min(int(top_m), model.vocab_size)
-    # widths as the row forward's: a power of two, capped where the support ends
-    n, width = batch.size, max(1, min(_bucket(int(batch.lengths.max(initial=1))), model.max_len - len(prompt)))
+    # widths as the row forward's: a power of two, capped where the support ends (computed at the
+    # power of two, so a prompt's length makes no shape of its own)
+    n, wide = batch.size, _bucket(int(batch.lengths.max(initial=1)))
+    width = max(1, min(wide, model.max_len - len(prompt)))
     steps = np.zeros((n, width), np.float32)
     top_lps = np.full((n, width, top_m), -np.inf, np.float32)
     top_ids = np.zeros((n, width, top_m), np.int32)
@@ -142,9 +153,9 @@ def packed_frontier(model, packed, prompt: tuple, seqs, top_m: int, keep: KeepCa
         params = model._device_params()
         for group in _groups(rows, len(context)):
             part = [rows[i] for i in group]
-            out, cache = _forward_group(packed, params, context, part, width, top_m, model.eos, keep)
+            out, cache = _forward_group(packed, params, context, part, wide, top_m, model.eos, keep)
             for a, got in zip((steps, top_lps, top_ids, eos_lps), out):
-                a[group] = got
+                a[group] = got[:, :width]
             if keep is not None:
                 keep.hold(group, cache)
     check_nan(model, steps, batch.lengths, "score_frontier")
@@ -170,7 +181,7 @@ def _forward_group(packed, params, context: np.ndarray, rows: list, width: int, 
     its own ancestors."""
     c = len(context)
     prefixes = _prefixes(rows)  # prefix -> its index; () is the context's last token
-    size = _bucket(c + len(prefixes) - 1, 16)
+    size = _coarse(c + len(prefixes) - 1, 16)
     tokens = np.zeros(size, np.int32)
     positions = np.zeros(size, np.int32)
     visible = np.eye(size, dtype=bool)  # padding sees itself only (never an empty softmax)
@@ -186,7 +197,7 @@ def _forward_group(packed, params, context: np.ndarray, rows: list, width: int, 
         visible[q] = visible[parent]
         visible[q, q] = True
         where[prefix] = q
-    rows_b = _bucket(len(rows), 1)
+    rows_b = _coarse(len(rows), 2)
     at = np.zeros((rows_b, width), np.int32)
     targets = np.zeros((rows_b, width), np.int32)
     for r, row in enumerate(rows):
@@ -197,7 +208,7 @@ def _forward_group(packed, params, context: np.ndarray, rows: list, width: int, 
         fed = max(len(row) for row in rows) - 1
         paths = np.zeros((rows_b, keep.length(max(fed, 1))), np.int32)
         paths[:, : max(width - 1, 0)] = at[:, 1:][:, : paths.shape[1]]
-    put = jnp.asarray
+    put = jax.device_put  # (jnp.asarray compiles a program per new shape)
     out, cache = _packed_stats(packed, params, put(tokens), put(positions), put(visible), put(at), put(targets),
                                top_m, eos, None if paths is None else put(paths))
     return tuple(np.asarray(jax.device_get(a))[: len(rows)] for a in out), cache

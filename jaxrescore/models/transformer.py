@@ -349,7 +349,7 @@ def transformer_decoder(config: TransformerConfig, graphdef, prepare: Callable |
         z = jnp.zeros((1, h, dh), jnp.dtype(config.dtype))
         return tuple((z, z) for _ in range(config.n_layers))
 
-    return Decoder(TransformerDecode(graphdef, prepare), empty_context, prefix_reuse=True)
+    return Decoder(TransformerDecode(graphdef, prepare), empty_context, prefix_reuse=True, zeros_fresh=True)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,9 +1,10 @@
 """What a long query is doing, on a terminal: one status line on stderr.
 
 :func:`jaxrescore.quick.top_k` runs its search inside :func:`reporting`; the search calls
-:func:`report` before each round's target call ("round 3: scoring 24 new sequences; 41 XLA
-programs compiled so far"). Nothing is written unless stderr is a terminal
-(``JAXRESCORE_PROGRESS=1`` forces it on, ``0`` off) and the call has run for a second, so a quick
+:func:`report` before each round's target call ("round 3: scoring 24 new sequences; compiling
+(41 XLA programs so far)"); the line is shown again after each compile. Nothing is written unless
+stderr is a terminal (``JAXRESCORE_PROGRESS=1`` forces it on, ``0`` off) and the call has run for
+a second, so a quick
 query and a script writing to a file print nothing; the line is cleared when the call returns.
 Compiles are counted with ``jax.monitoring`` (one listener, registered on first use).
 """
@@ -31,6 +32,9 @@ def _count(event: str, duration: float, **kwargs) -> None:
     global _compiles
     if event == "/jax/core/compile/backend_compile_duration":
         _compiles += 1
+        status = _active.get()
+        if status is not None:  # a compile is a wait of its own: say so as it happens
+            status.show(status.text)
 
 
 def compiles() -> int:
@@ -50,12 +54,14 @@ class _Status:
         self.started = time.monotonic()
         self.compiled = _compiles
         self.shown = False
+        self.text = "starting"
 
     def show(self, text: str) -> None:
+        self.text = text
         if time.monotonic() - self.started < QUIET_SECONDS:
             return
         new = _compiles - self.compiled
-        tail = f"; {new} XLA programs compiled so far" if new else ""
+        tail = f"; compiling ({new} XLA programs so far)" if new else ""
         sys.stderr.write(f"\r\033[Kjaxrescore: {text}{tail}")
         sys.stderr.flush()
         self.shown = True

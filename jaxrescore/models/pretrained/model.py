@@ -142,7 +142,8 @@ class PretrainedLM(PackedFrontier, JaxLM):
         held = self.__dict__.get("_decoder")
         if held is None or held[0] is not self.apply:
             spec = self.spec
-            dec = Decoder(NetworkDecode(spec, self.apply.prepare), lambda: empty_context(spec), prefix_reuse=True)
+            dec = Decoder(NetworkDecode(spec, self.apply.prepare), lambda: empty_context(spec), prefix_reuse=True,
+                          zeros_fresh=True)
             held = (self.apply, dec)
             self._decoder = held
         return held[1]
