@@ -121,6 +121,16 @@ def shift_left(arr: np.ndarray, skip: np.ndarray, fill) -> np.ndarray:
     return np.where(inside.reshape(idx.shape), out, fill)
 
 
+def drop_leading(fs: FrontierScores, by: np.ndarray) -> FrontierScores:
+    """``fs`` of whole rows with row ``i``'s first ``by[i]`` positions dropped (left-aligned),
+    each score the sum of the steps left: a prompt's positions taken off rows forwarded with
+    their prompt."""
+    by = np.asarray(by, np.int64)
+    steps = shift_left(np.asarray(fs.steps), by, 0.0)
+    rest = (shift_left(np.asarray(a), by, f) for a, f in zip(fs[2:], (-np.inf, 0, -np.inf)))
+    return FrontierScores(np.asarray(steps, np.float64).sum(axis=1), steps, *rest)
+
+
 def assemble(batch: SequenceBatch, skip, steps, top_lps, top_ids, eos_lps) -> FrontierScores:
     """Mask, sum and align (by ``skip``) one forward's per-position arrays.
 

@@ -6,8 +6,10 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from jaxrescore.models.decoding import proof_session
-from jaxrescore.models.scores import FrontierScores
+from jaxrescore.models.cache_sizes import default_cache_bytes, memory_share
+from jaxrescore.models.decoding import PromptView, force_after, proof_session
+from jaxrescore.models.packed import packed_row_positions
+from jaxrescore.models.scores import FrontierScores, drop_leading
 from jaxrescore.rescore.processes import agree, query_arguments
 from jaxrescore.rescore.progress import report
 from jaxrescore.rescore.queries import DEFAULT_MAX_ROUNDS, Query, SearchBudget, make_mode, make_query
@@ -55,8 +57,15 @@ def joint(indexes: Sequence[RescoredIndex], sets: list[ScoredSet]) -> Joint:
                 "those one by one)"
             )
         model, prompts = bases[0], [tuple(t.prompt) for t in targets]
-    cached = all(s.proves and s.decodes for s in sets)
-    return Joint(model, prompts, proof_session(model) if cached else None)
+    # the loop of single queries it replaces holds one prompt's caches at a time, each session
+    # with the default budget: the joint session holds every prompt's, with as many budgets (up
+    # to a quarter of the machine's memory)
+    budget = memory_share(len(prompts) * default_cache_bytes(), 4)
+    session = proof_session(model, max_bytes=budget) if all(s.proves and s.decodes for s in sets) else None
+    if session is not None:  # each set's own calls (fetched rows, grown pulls) extend the same caches
+        for s, prompt in zip(sets, prompts):
+            s.decode_over(PromptView(session, prompt))
+    return Joint(model, prompts, session)
 
 
 def _score_jointly(jt: Joint, sets: list[ScoredSet], parts: list[list], checks: list | None = None) -> list:
@@ -124,18 +133,12 @@ def _forward_jointly(jt: Joint, sets: list[ScoredSet], rows: list, known: np.nda
     prompts = [jt.prompts[i] for i in owner.tolist()]
     if jt.session is None:
         return frontier_scores(jt.model, rows, sets[0].top_m, prompts), None, None
-    lead = np.array([len(p) for p in prompts], np.int64)
-    whole = [p + r for p, r in zip(prompts, rows)]
-    packed = jt.session.packed_force(whole, sets[0].top_m) if not any(s.seqs for s in sets) else None
-    if packed is not None:
-        fs = shift_left(packed.frontier, lead + known)
-        exact = np.ones(len(rows), bool)
-    else:
-        fs = jt.session.teacher_force(whole, lead + known, sets[0].top_m).frontier
-        exact = np.zeros(len(rows), bool)
-    # a row's score counts its own steps from ``known`` on, as a set's own session gives it
-    fs = fs._replace(scores=np.asarray(fs.steps, np.float64).sum(axis=1))
-    return fs, jt.session.row_positions, exact
+    first = not any(s.seqs for s in sets)
+    out = force_after(jt.session, prompts, rows, known, sets[0].top_m, packed=True) if first else None
+    exact = np.full(len(rows), out is not None)
+    if out is None:
+        out = force_after(jt.session, prompts, rows, known, sets[0].top_m)
+    return out.frontier, jt.session.row_positions, exact
 
 
 def _check_jointly(jt: Joint, sets: list[ScoredSet], checks: list) -> list:
@@ -149,12 +152,18 @@ def _check_jointly(jt: Joint, sets: list[ScoredSet], checks: list) -> list:
     seqs = [s.seqs[j] for s, c in zip(sets, rows) for j in c.tolist()]
     if not seqs:
         return [None] * len(sets)
-    fs = frontier_scores(model, seqs, sets[0].top_m, [p for p, c in zip(prompts, rows) for _ in range(c.size)])
+    mine = [p for p, c in zip(prompts, rows) for _ in range(c.size)]
+    if getattr(model, "packs_prompt", False):  # one tree, each prompt once (as a set's own check)
+        whole = [tuple(p) + s for p, s in zip(mine, seqs)]
+        fs = drop_leading(model.score_frontier(from_tuples(whole), top_m=sets[0].top_m), [len(p) for p in mine])
+        per_row = packed_row_positions(0, whole)
+    else:
+        fs = frontier_scores(model, seqs, sets[0].top_m, mine)
+        per_row = np.array([len(p) + len(s) for p, s in zip(mine, seqs)], np.int64)
     out, lo = [], 0
-    for s, c in zip(sets, rows):
+    for c in rows:
         hi = lo + c.size
-        mine = [s.seqs[j] for j in c.tolist()]
-        out.append((c, FrontierScores(*(a[lo:hi] for a in fs)), s.unpacked_positions(mine)) if c.size else None)
+        out.append((c, FrontierScores(*(a[lo:hi] for a in fs)), int(per_row[lo:hi].sum())) if c.size else None)
         lo = hi
     return out
 

@@ -160,6 +160,14 @@ class ScoredSet:
         :meth:`unchecked`), not full forwards."""
         return self._session is not None
 
+    def decode_over(self, session) -> None:
+        """Decode over ``session`` from now on (a :class:`~jaxrescore.models.decoding.PromptView`
+        of a joint call's session, see :mod:`jaxrescore.rescore.many`): its held caches serve this
+        set's own calls. Only for a set that :attr:`decodes`, before its first add."""
+        if self._session is None or self.seqs:
+            raise ValueError("decode_over needs a set that decodes and holds no rows yet")
+        self._session = session
+
     @property
     def add_starts(self) -> list[int]:
         """Per :meth:`add` that scored sequences, how many were scored before it."""
