@@ -34,6 +34,7 @@ SECTIONS = [
     ("proven", "bench_proven"),
     ("wide", "bench_wide"),
     ("proof_compute", "bench_proof_compute"),
+    ("many_prompts", "bench_many_prompts"),
     ("latency", "bench_latency"),
     ("throughput", "bench_throughput"),
     ("small_batch", "bench_small_batch"),

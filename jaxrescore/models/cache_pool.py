@@ -86,7 +86,10 @@ class CachePools:
         rows = jax.tree.leaves(cache)[0].shape[0]
         held = self._pools.get(key)
         if held is None:  # the pool starts as this cache, its padding rows free
-            capacity = max(bucket_size(rows, 1), min(MIN_POOL_ROWS, bucket_size(max_rows, 1)))
+            # a host pool is made at its cap at once: numpy's zeros are pages the system backs
+            # only when written, so a large pool costs nothing until filled, and never regrows
+            least = bucket_size(max_rows, 1) if self.host else min(MIN_POOL_ROWS, bucket_size(max_rows, 1))
+            capacity = max(bucket_size(rows, 1), least)
             pool = _grown_host(cache, capacity) if self.host else _grown(cache, capacity)
             held = self._pools[key] = [pool, capacity, list(range(capacity - 1, m - 1, -1))]
             return np.arange(m, dtype=np.int64)

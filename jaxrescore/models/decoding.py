@@ -83,6 +83,10 @@ from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_r
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import ArrayLike, PyTree, Sequences
 
+# (decoder, row-cache length, context shapes) -> the shapes of fresh row caches (see _fresh)
+_FRESH_SHAPES: dict = {}
+
+
 class Context(NamedTuple):
     """A decoding context: the cache of BOS and a prompt, its length and its own next-token row."""
 
@@ -214,7 +218,6 @@ class DecodingSession:
         self._where: dict[bytes, tuple] = {}  # prefix key -> (pool key, slot)
         self._lengths: collections.Counter = collections.Counter()  # prefix length -> keys held
         self._pools = CachePools(self._base._put, host=self._base.mesh is None and jax.default_backend() == "cpu")
-        self._fresh_shapes: dict = {}  # row-cache length -> fresh caches' shapes (see _fresh)
         # per hold, oldest first: (pool key, slots, [(prefix key, slot)], call number, rows, bytes)
         self._held: collections.deque = collections.deque()
         self._call = 0
@@ -477,13 +480,16 @@ class DecodingSession:
 
     def _fresh(self, params, ctx, b: int, s: int):
         """Host zeros shaped as ``b`` fresh row caches of ``s`` positions (what the decoder makes
-        of ``cache=None``; their shapes traced once per ``s``, nothing compiled)."""
-        shapes = self._fresh_shapes.get(s)
-        if shapes is None:
+        of ``cache=None``; their shapes traced, nothing compiled)."""
+        key = (self._dec.fn, s, tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(ctx.cache)))
+        shapes = _FRESH_SHAPES.get(key)
+        if shapes is None:  # traced once per decoder and length in a process (a trace: ~50 ms)
             one = np.zeros((1, 1), np.int32)
             shapes = jax.eval_shape(lambda p, c: self._dec.fn(p, one, one[0], one[0], c, np.int32(0), None, s)[1],
                                     params, ctx.cache)
-            self._fresh_shapes[s] = shapes
+            if len(_FRESH_SHAPES) >= 256:
+                _FRESH_SHAPES.clear()
+            _FRESH_SHAPES[key] = shapes
         return jax.tree.map(lambda x: np.zeros((b,) + x.shape[1:], x.dtype), shapes)
 
     def _call_rows(self, m: int, per: int, w: int) -> int:
