@@ -273,7 +273,7 @@ def test_a_step_model_prefills_a_prompt_in_one_call(monkeypatch):
     """A from_apply_fn step runs a W-token prefill as a scan inside ONE compiled call (a prompt
     used to cost a call per token); its rows equal the step-by-step session's and the full
     forward's."""
-    from jaxrescore.models import decoding
+    from jaxrescore.models import decoder, decoding
 
     m = from_apply_fn(mean_apply, mean_params(), vocab_size=V, bos_id=V, max_len=64, eos=0,
                       init_cache=mean_init_cache, step=mean_step)
@@ -281,7 +281,8 @@ def test_a_step_model_prefills_a_prompt_in_one_call(monkeypatch):
     pm = m.with_prompt(prompt)
     calls = []
     real = decoding._decode
-    monkeypatch.setattr(decoding, "_decode", lambda *a: calls.append(a[2].shape) or real(*a))
+    for module in (decoder, decoding):  # the context's call, the session's calls
+        monkeypatch.setattr(module, "_decode", lambda *a: calls.append(a[2].shape) or real(*a))
     pre = np.random.default_rng(11).integers(1, V, size=(6, 7)).astype(np.int32)
     lens = np.array([0, 1, 3, 5, 7, 7], np.int32)
     full = np.concatenate([np.tile(prompt, (6, 1)), pre], axis=1).astype(np.int32)

@@ -62,9 +62,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -74,111 +72,18 @@ from jaxrescore.models.cache_sizes import (  # noqa: F401 (CACHE_BYTES_ENV: re-e
     BLOCK_POSITIONS, CACHE_BYTES_ENV, MIN_CACHE_LEN, ONE_TOKEN_ROWS, SHORT_ROWS_CACHE, coarse_size, default_cache_bytes,
 )
 from jaxrescore.models.checks import check_nan, check_prefixes
+from jaxrescore.models.decoder import (  # noqa: F401 (Decoder, Context, model_decoder: re-exported)
+    Context, Decoder, _decode, _split_prompt, decoding_context, model_decoder,
+)
 from jaxrescore.models.mesh import mesh_context, to_host
 from jaxrescore.models.packed import KeepCaches, packed_frontier, packed_row_positions
-from jaxrescore.models.scores import (
-    FLOAT32_TOLERANCE, check_top_m, clipped_log_softmax as _log_softmax, drop_leading, score_tolerance,
-)
+from jaxrescore.models.scores import FLOAT32_TOLERANCE, check_top_m, score_tolerance
 from jaxrescore.models.teacher import TeacherForced, TeacherOut, check_teacher_rows, frontier_reduce, share_feeds
 from jaxrescore.sequences import bucket_size
-from jaxrescore.typing import ArrayLike, PyTree, Sequences
+from jaxrescore.typing import ArrayLike, Sequences
 
 # (decoder, row-cache length, context shapes) -> the shapes of fresh row caches (see _fresh)
 _FRESH_SHAPES: dict = {}
-
-
-class Context(NamedTuple):
-    """A decoding context: the cache of BOS and a prompt, its length and its own next-token row."""
-
-    cache: PyTree
-    length: int
-    row: np.ndarray  # float32[V], log-probs after the context
-
-
-@partial(jax.jit, static_argnums=(0, 8, 9))
-def _decode(fn, params, tokens, start, last, ctx, ctx_len, cache, s_out, reduce, extra):
-    """One incremental call: log-softmax rows (clipped <= 0; float32[B, V] for ``last[B]``,
-    float32[B, L, V] for ``last[B, L]``), or ``reduce(rows, *extra)`` of them when ``reduce`` is
-    given (a teacher-forced call's reduction, on device), and the new caches."""
-    logits, cache = fn(params, tokens, start, last, ctx, ctx_len, cache, s_out)
-    rows = _log_softmax(logits)
-    return (rows if reduce is None else reduce(rows, *extra)), cache
-
-
-@dataclass(frozen=True)
-class Decoder:
-    """A model's incremental forward, for :class:`DecodingSession`.
-
-    Attributes:
-      fn: hashable pure ``fn(params, tokens[B, W], start[B], last, ctx, ctx_len, cache, s_out)
-        -> (logits, cache)``: ``W`` new tokens per row at row positions ``start[b] + w``
-        (absolute ``ctx_len + start[b] + w``); logits ``[B, V]`` at new position ``last[b]`` for
-        ``last: int32[B]``, or ``[B, L, V]`` at new positions ``last[b, l]`` for ``last:
-        int32[B, L]`` (teacher forcing); ``cache=None`` starts fresh rows from the context; row
-        caches cover ``s_out`` row positions (a per-row-position cache pads a given one to that
-        length; a user's step keeps its own).
-      empty_context: the context cache before any token (a pytree of arrays, no row axis).
-      prefix_reuse: whether a row's cache also serves every PREFIX of its row (per-position keys
-        and values under the causal mask ``arange(S) <= position``: positions past the prefix are
-        ignored, then overwritten): the session then keys each of them (a radix cache). False
-        for a user's step, whose cache may be any function of the row (a running sum).
-      zeros_fresh: whether zeros are fresh rows (``cache=None``): the session then passes zeros
-        for rows started from the context on the host (see :meth:`DecodingSession._fresh`), so
-        one compiled program serves rows from the context and from held caches. False for a
-        user's step, whose ``init_cache`` may be anything.
-    """
-
-    fn: Callable
-    empty_context: Callable[[], PyTree]
-    prefix_reuse: bool = False
-    zeros_fresh: bool = False
-
-
-def _split_prompt(model):
-    """``(base, prompt)``: the JAX model under a (possibly nested) prompted model."""
-    prompt = tuple(getattr(model, "prompt", ()))
-    base = getattr(model, "base", None) if prompt or hasattr(model, "prompt") else None
-    return (base, prompt) if base is not None else (model, ())
-
-
-def model_decoder(model) -> Decoder | None:
-    """The incremental forward of ``model`` (a JAX model, or a prompted one), or None; None too
-    for a wrapper that declares ``incremental = False`` (its rows are not its base's: a
-    :class:`~jaxrescore.constraints.ConstrainedModel`)."""
-    if getattr(model, "incremental", True) is False:
-        return None
-    base, _ = _split_prompt(model)
-    make = getattr(base, "decoder", None)
-    return make() if callable(make) else None
-
-
-def decoding_context(model) -> Context:
-    """The context of ``model`` (BOS plus a prompted model's prompt): computed once per weights
-    object, in ONE call whatever the prompt's length, and kept on the (prompted) model. Counted
-    in nothing: it is paid once."""
-    base, prompt = _split_prompt(model)
-    with mesh_context(base.mesh):
-        return _context(model, base, prompt)
-
-
-def _context(model, base, prompt) -> Context:
-    params = base._device_params()
-    held = getattr(model, "_decode_context", None)
-    if held is not None and held[0] is params:
-        return held[1]
-    dec = model_decoder(model)
-    toks = np.asarray((base.bos_id,) + prompt, np.int32)
-    n = toks.size
-    c = coarse_size(n, MIN_CACHE_LEN)
-    block = np.zeros((1, c), np.int32)
-    block[0, :n] = toks
-    rows, cache = _decode(
-        dec.fn, params, block, np.zeros(1, np.int32), np.array([n - 1], np.int32),
-        dec.empty_context(), np.int32(0), None, c, None, (),
-    )
-    out = Context(jax.tree.map(lambda x: x[0], cache), n, to_host(rows)[0].astype(np.float32))
-    model._decode_context = (params, out)
-    return out
 
 
 class DecodingSession:
@@ -575,64 +480,6 @@ class DecodingSession:
             UserWarning,
             stacklevel=5,
         )
-
-
-def force_after(session: DecodingSession, prompts: list, rows: list, known: ArrayLike, top_m: int,
-                packed: bool = False) -> TeacherForced | None:
-    """The continuations ``rows`` (token tuples), each after its prompt ``prompts[i]``, teacher
-    forced from their positions ``known`` on over ``session`` (a session over the prompts' shared
-    BASE model, with an empty context): the numbers each prompted model's own session gives
-    (left-aligned from ``known``, each score the sum of its own steps). ``packed``: the first
-    call, packed as one tree (:meth:`DecodingSession.packed_force`: a full forward's numbers),
-    or None where the session declines to pack; else fed over held caches. Afterwards every
-    prefix ``prompt + row[:j]`` fed is held, for any prompt's later calls."""
-    lead = np.array([len(p) for p in prompts], np.int64)
-    whole = [tuple(p) + tuple(r) for p, r in zip(prompts, rows)]
-    known = lead + np.asarray(known, np.int64).reshape(len(rows))
-    if packed:
-        out = session.packed_force(whole, top_m)
-        return None if out is None else TeacherForced(drop_leading(out.frontier, known), out.positions)
-    out = session.teacher_force(whole, known, top_m)
-    return TeacherForced(drop_leading(out.frontier, np.zeros(len(rows), np.int64)), out.positions)
-
-
-class PromptView:
-    """The decoding session of a prompted model ``base.with_prompt(prompt)`` that runs on the
-    base model's ``session`` (rows ``prompt + row``, see :func:`force_after`): several prompts'
-    queries proven in one call (:mod:`jaxrescore.rescore.many`) hold their caches in one session,
-    and each prompt's own calls (fetched rows, grown pulls) extend them too. ``positions`` and
-    ``row_positions`` are the shared session's."""
-
-    def __init__(self, session: DecodingSession, prompt: tuple):
-        self.session, self.prompt = session, tuple(int(t) for t in prompt)
-        self.vocab_size, self.eos = session.vocab_size, session.eos
-        self.max_len = session.max_len - len(self.prompt)
-
-    @property
-    def positions(self) -> int:
-        return self.session.positions
-
-    @property
-    def row_positions(self) -> np.ndarray:
-        return self.session.row_positions
-
-    def next_logprobs(self, prefixes: ArrayLike, lengths: ArrayLike) -> np.ndarray:
-        """As :meth:`DecodingSession.next_logprobs` of the prompted model."""
-        toks = np.asarray(prefixes, np.int32)
-        n = len(self.prompt)
-        whole = np.zeros((toks.shape[0], n + toks.shape[1]), np.int32)
-        whole[:, :n], whole[:, n:] = self.prompt, toks
-        return self.session.next_logprobs(whole, np.asarray(lengths, np.int32) + n)
-
-    def teacher_force(self, rows: Sequences, known: ArrayLike, top_m: int) -> TeacherForced:
-        """As :meth:`DecodingSession.teacher_force` of the prompted model."""
-        rows = [tuple(r) for r in rows]
-        return force_after(self.session, [self.prompt] * len(rows), rows, known, top_m)
-
-    def packed_force(self, rows: Sequences, top_m: int) -> TeacherForced | None:
-        """As :meth:`DecodingSession.packed_force` of the prompted model (None: feed them)."""
-        rows = [tuple(r) for r in rows]
-        return force_after(self.session, [self.prompt] * len(rows), rows, np.zeros(len(rows)), top_m, True)
 
 
 def _keys(toks: np.ndarray, lens: np.ndarray) -> list:

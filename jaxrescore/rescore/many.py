@@ -7,8 +7,9 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from jaxrescore.models.cache_sizes import default_cache_bytes, memory_share
-from jaxrescore.models.decoding import PromptView, force_after, proof_session
+from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.packed import packed_row_positions
+from jaxrescore.models.prompt_session import PromptView, force_after
 from jaxrescore.models.scores import FrontierScores, drop_leading
 from jaxrescore.rescore.processes import agree, query_arguments
 from jaxrescore.rescore.progress import report

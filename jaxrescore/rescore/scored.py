@@ -161,7 +161,7 @@ class ScoredSet:
         return self._session is not None
 
     def decode_over(self, session) -> None:
-        """Decode over ``session`` from now on (a :class:`~jaxrescore.models.decoding.PromptView`
+        """Decode over ``session`` from now on (a :class:`~jaxrescore.models.prompt_session.PromptView`
         of a joint call's session, see :mod:`jaxrescore.rescore.many`): its held caches serve this
         set's own calls. Only for a set that :attr:`decodes`, before its first add."""
         if self._session is None or self.seqs:
