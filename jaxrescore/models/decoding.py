@@ -32,10 +32,11 @@ prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
 the full forward itself, packed as one tree (:mod:`jaxrescore.models.packed`; numbers that need
 no check), which also yields the rows' caches for later calls to extend.
 
-Shapes and bytes. Rows per call are padded to ``min_rows`` times a power of four (at least
-:data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths are powers of four; the held
-rows live in one pool per cache shape (:mod:`jaxrescore.models.cache_pool`), so a call extends
-rows held by any earlier calls with one gather. The SHARED context (the prompt's keys and
+Shapes and bytes. Rows per call are padded to ``min_rows`` times a power of four up to 256 rows,
+a power of two above (at least :data:`ONE_TOKEN_ROWS` in a call of one token per row); fed widths
+are powers of four; the held rows live in one pool per cache shape
+(:mod:`jaxrescore.models.cache_pool`), so a call extends rows held by any earlier calls with one
+gather. The SHARED context (the prompt's keys and
 values) is one ``C``-position array, ``C`` = 8 times a power of four, held once by the prompted
 model and never copied per row; a row cache of the library's networks (TransformerLM, its int8
 twin, from_pretrained) covers the row's OWN positions only, ``S`` of them with ``S`` 8 times a
@@ -84,6 +85,13 @@ from jaxrescore.typing import ArrayLike, Sequences
 
 # (decoder, row-cache length, context shapes) -> the shapes of fresh row caches (see _fresh)
 _FRESH_SHAPES: dict = {}
+# Calls of up to this many rows pad to powers of four of rows (few shapes; padding a small call
+# costs little), larger ones to powers of two (measured side by side on the grammar workload's
+# proven top-100: powers of four throughout cost 9-13% of the proof's wall, this 6-8%, against
+# powers of two; the first proven top-25 on real text compiles 22 programs against 25)
+COARSE_ROWS = 256
+# (that key, rows) -> those zeros on the device, the most recently used last (a few kept)
+_FRESH_ZEROS: dict = {}
 
 
 class DecodingSession:
@@ -384,8 +392,8 @@ class DecodingSession:
         return out
 
     def _fresh(self, params, ctx, b: int, s: int):
-        """Host zeros shaped as ``b`` fresh row caches of ``s`` positions (what the decoder makes
-        of ``cache=None``; their shapes traced, nothing compiled)."""
+        """Zeros shaped as ``b`` fresh row caches of ``s`` positions (what the decoder makes of
+        ``cache=None``; their shapes traced, nothing compiled), kept on the device for reuse."""
         key = (self._dec.fn, s, tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(ctx.cache)))
         shapes = _FRESH_SHAPES.get(key)
         if shapes is None:  # traced once per decoder and length in a process (a trace: ~50 ms)
@@ -395,16 +403,23 @@ class DecodingSession:
             if len(_FRESH_SHAPES) >= 256:
                 _FRESH_SHAPES.clear()
             _FRESH_SHAPES[key] = shapes
-        return jax.tree.map(lambda x: np.zeros((b,) + x.shape[1:], x.dtype), shapes)
+        zeros = _FRESH_ZEROS.pop((key, b), None)  # put on the device once: the call never writes it
+        if zeros is None:
+            zeros = jax.device_put(jax.tree.map(lambda x: np.zeros((b,) + x.shape[1:], x.dtype), shapes))
+            while len(_FRESH_ZEROS) >= 8:
+                _FRESH_ZEROS.pop(next(iter(_FRESH_ZEROS)))
+        _FRESH_ZEROS[key, b] = zeros
+        return zeros
 
     def _call_rows(self, m: int, per: int, w: int) -> int:
         """The padded rows of a call of ``m`` rows of ``w`` fed tokens (``per``: the most per
-        call): a power of FOUR times the model's smallest bucket, so the calls of a search take
-        few shapes (each a compile: a search's calls range over 16-1024 rows), never past the
-        bucket of ``per``; at least :data:`ONE_TOKEN_ROWS` rows of one token, or one block of
-        :data:`BLOCK_POSITIONS` positions."""
+        call): up to :data:`COARSE_ROWS` rows a power of FOUR times the model's smallest bucket,
+        so the calls of a search take few shapes (each a compile: a search's calls range over
+        16-1024 rows), never past the bucket of ``per``; above it a power of two; at least
+        :data:`ONE_TOKEN_ROWS` rows of one token, or one block of :data:`BLOCK_POSITIONS`
+        positions."""
         bucket = self._base._rows_bucket
-        coarse = min(bucket(coarse_size(m, bucket(1))), bucket(per))
+        coarse = min(bucket(coarse_size(m, bucket(1))), bucket(per)) if m <= COARSE_ROWS else bucket(m)
         return max(coarse, bucket(m), ONE_TOKEN_ROWS if w == 1 else BLOCK_POSITIONS // w, 1)
 
     def _cache_len(self, need: int) -> int:
