@@ -45,7 +45,7 @@ USAGE_ERROR = 2
 RUN_ERROR = 1
 INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports it
 TERMINATED = 128 + signal.SIGTERM  # 143
-REDELIVER_S = 0.1  # a swallowed interrupt is delivered again this much later (see _redeliver)
+REDELIVER_S = 0.1  # a swallowed interrupt is delivered again this much later (see _Redelivery)
 NO_CACHE_ENV = "JAXRESCORE_COMPILE_CACHE"
 
 
@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     # can only be set from the main thread (a caller running main() in another keeps the default)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    hook, sys.unraisablehook = sys.unraisablehook, _redeliver(sys.unraisablehook)
+    hook = sys.unraisablehook
+    redelivery = _Redelivery(hook)
+    sys.unraisablehook = redelivery.handle
     try:
         from jaxrescore.demo.args import DemoArgumentError
 
@@ -335,11 +337,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"jaxrescore {args.command}: error: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
             return RUN_ERROR
     except (KeyboardInterrupt, _Terminated) as err:
+        redelivery.disarm()  # handled: a redelivery still pending would kill the process after it
         status.clear()
         what = "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated"
         print(f"jaxrescore {args.command}: {what}", file=sys.stderr)
         return INTERRUPTED if isinstance(err, KeyboardInterrupt) else TERMINATED
     finally:
+        redelivery.disarm()
         sys.unraisablehook = hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -353,28 +357,37 @@ def _terminate(signum, frame):
     raise _Terminated()
 
 
-def _redeliver(hook):
+class _Redelivery:
     """An unraisable-exception hook: Python swallows (and prints as "Exception ignored") an
     exception raised inside a garbage-collection callback or a finalizer, and jax runs one on
     every collection, so a Ctrl-C landing there would neither stop the command nor stay quiet.
     Such an interrupt is delivered again a moment later, to land elsewhere (from a thread that
     this hook does not wait for: a wait here could itself be interrupted); anything else goes
-    to ``hook``."""
+    to ``hook``. Once the command has handled an interrupt or returned, nothing more is
+    delivered: a late one would escape ``main`` and kill the process with the signal."""
 
-    def handle(unraisable) -> None:
+    def __init__(self, hook):
+        self._hook = hook
+        self._lock = threading.Lock()
+        self._armed = True
+
+    def handle(self, unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _thread.start_new_thread(_interrupt_later, (signal.SIGINT,))
+            _thread.start_new_thread(self._deliver_later, (signal.SIGINT,))
         elif isinstance(unraisable.exc_value, _Terminated):
-            _thread.start_new_thread(_interrupt_later, (signal.SIGTERM,))
+            _thread.start_new_thread(self._deliver_later, (signal.SIGTERM,))
         else:
-            hook(unraisable)
+            self._hook(unraisable)
 
-    return handle
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = False
 
-
-def _interrupt_later(signum: int) -> None:
-    time.sleep(REDELIVER_S)
-    _thread.interrupt_main(signum)
+    def _deliver_later(self, signum: int) -> None:
+        time.sleep(REDELIVER_S)
+        with self._lock:
+            if self._armed:
+                _thread.interrupt_main(signum)
 
 
 def _one_line(err: BaseException) -> str:

@@ -589,3 +589,24 @@ def test_ctrl_c_while_the_demo_runs_prints_one_line():
         proc.kill()
     assert proc.returncode == 130, err
     assert err == "jaxrescore demo: interrupted\n" and "Traceback" not in err, err
+
+
+def test_a_swallowed_interrupt_is_redelivered_only_while_the_command_runs():
+    """An interrupt swallowed in a finalizer comes back to the main thread; once the command has
+    handled one (or returned), a late redelivery must not kill the process after its message."""
+    import time
+    import types
+
+    from jaxrescore.cli import REDELIVER_S, _Redelivery
+
+    swallowed = types.SimpleNamespace(exc_value=KeyboardInterrupt())
+    redelivery = _Redelivery(hook=lambda unraisable: None)
+    with pytest.raises(KeyboardInterrupt):
+        redelivery.handle(swallowed)
+        time.sleep(20 * REDELIVER_S)
+    redelivery.handle(swallowed)
+    redelivery.disarm()
+    time.sleep(5 * REDELIVER_S)  # nothing arrives
+    seen = []
+    _Redelivery(hook=seen.append).handle(types.SimpleNamespace(exc_value=ValueError("x")))
+    assert len(seen) == 1
