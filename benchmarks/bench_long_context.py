@@ -177,9 +177,10 @@ position, attending to the prompt's keys and values held once by the prompted mo
 forward" is `next_logprobs` of prompt + prefix for one row (padded to a power-of-two length, at
 most max_len), what every row cost without the cache. "prompt setup" computes the prompt's keys and
 values in one prefill call (the cold figure includes its compile). A row's cache covers its own
-positions only, never the prompt's: 8 (a power of two) while the continuation may be long, and one
-fixed length, twice the longest continuation, once that fits 64 positions (after the 100-token
-prompt 28 tokens are left: 64 positions, one compiled cache shape for every call). Cached rows match
+positions only, never the prompt's: 8 (a power of two) while the continuation may be long, and the
+power of two covering the longest continuation once twice that fits 64 positions (after the
+100-token prompt 28 tokens are left: 32 positions; 64 only for a call whose padded block reaches
+past them). Cached rows match
 the full forward to {worst:.1e} (float32 noise).
 
 {t1}

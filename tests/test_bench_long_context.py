@@ -24,10 +24,10 @@ def test_quick_run():
     part1 = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
     assert [row[0].strip() for row in part1] == ["4", "64", "100"]
     assert {row[4].strip() for row in part1} == {"1"}  # one token position per cached row
-    # bytes per row: the rows' own positions, not the prompt's (8 while rows may be long; 64,
-    # twice the longest, once the 100-token prompt leaves 28 tokens: one cache shape)
+    # bytes per row: the rows' own positions, not the prompt's (8 while rows may be long; 32, the
+    # power of two covering the longest, once the 100-token prompt leaves 28 tokens)
     per_row = [int(row[6].strip().split()[0].replace(",", "")) for row in part1]
-    assert per_row[0] == per_row[1] and per_row[2] == 8 * per_row[0], per_row
+    assert per_row[0] == per_row[1] and per_row[2] == 4 * per_row[0], per_row
     worst = float(re.search(r"full forward to (\S+) \(float32 noise\)", text).group(1))
     assert worst < 1e-4
     assert "| target (gpt2 shape) |" in text and "| draft (distilgpt2 shape) |" in text

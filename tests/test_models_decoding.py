@@ -211,7 +211,7 @@ def test_best_first_and_greedy_completion_over_cached_rows():
 def test_row_cache_bytes_follow_the_row_not_the_context():
     """A row holds keys and values of its OWN positions, whatever the prompt (held once, on the
     prompted model): 8 positions at max_len 512 with or without a 300-token prompt; a model of
-    short rows (max_len 16) keeps ONE length, twice its longest row (one compiled shape)."""
+    short rows (max_len 16) keeps its rows at 16 positions, the power of two covering them."""
     held = []
     for max_len, prompt in ((16, ()), (512, ()), (512, tuple(range(1, 6)) * 60)):
         m = tiny(max_len=max_len, vocab_size=6, d_model=16)
@@ -223,7 +223,7 @@ def test_row_cache_bytes_follow_the_row_not_the_context():
         assert s.held_rows == 24  # the padding rows of each call (to 32) are not held
         held.append(s.bytes_per_row)
     # 2 (keys, values) x 2 layers x positions x d_model 16 x 4 bytes
-    assert held == [2 * 2 * 32 * 16 * 4] + [2 * 2 * 8 * 16 * 4] * 2
+    assert held == [2 * 2 * 16 * 16 * 4] + [2 * 2 * 8 * 16 * 4] * 2
 
 
 def test_a_budget_too_small_for_one_call_warns_once():

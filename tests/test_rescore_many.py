@@ -131,3 +131,52 @@ def test_joint_proofs_of_a_network_reuse_each_prompts_caches():
     mine, theirs = sum(r.positions for r in together), sum(r.positions for r in alone)
     assert mine <= 1.2 * theirs, (mine, theirs)
     assert max(r.rounds for r in together) < sum(r.rounds for r in alone)
+
+
+def _true_top(target, prompt, k):
+    """The exact top-``k`` scores of ``target.with_prompt(prompt)``: its whole support scored."""
+    model = target.with_prompt(prompt)
+    support = [body + (EOS,) for n in range(model.max_len) for body in itertools.product(range(3), repeat=n)]
+    return np.sort(model.score_sequences(support))[::-1][:k]
+
+
+@pytest.mark.parametrize("shared_base", [True, False])
+def test_drafts_run_in_lockstep_one_call_per_step(models, monkeypatch, shared_base):
+    """A joint proof over speculating drafts: the drafts' best-first seeds and speculation run in
+    lockstep, ONE draft call per step serving every prompt still searching (prompts of one base
+    share its call; drafts of different bases are called one by one), and every answer is proven
+    and equal to the loop's and to brute force."""
+    from jaxrescore.rescore.draft import SpeculativeDraft
+
+    draft, target = models
+    prompts = [(0,), (1, 2), (), (2,), (0, 0)]
+    twins = [draft if shared_base else NGramLM.fit([(0, EOS), (1, 2, EOS)] * (i + 1), order=2, vocab_size=4, eos=EOS,
+                                                   max_len=6) for i in range(len(prompts))]
+    from jaxrescore.models.ngram import lookup
+
+    rows_seen = []  # rows of each draft call (the draft's next_logprobs reads its tables once a call)
+    real = lookup.prefix_chain
+
+    def spy(tables, batch):
+        if any(tables is d.tables for d in twins):
+            rows_seen.append(batch.size)
+        return real(tables, batch)
+
+    monkeypatch.setattr(lookup, "prefix_chain", spy)
+
+    def make():
+        return [RescoredIndex(SpeculativeDraft(d.with_prompt(p)), target.with_prompt(p)) for d, p in zip(twins, prompts)]
+
+    alone = [ri.top_k(4, prove=True) for ri in make()]
+    loop = list(rows_seen)
+    rows_seen.clear()
+    joint = rescore_many(make(), 4, prove=True)
+    for a, b, p in zip(alone, joint, prompts):
+        truth = _true_top(target, p, 4)
+        assert a.proven and b.proven
+        np.testing.assert_allclose([lp for _, lp in b.items], truth, atol=1e-9)
+        np.testing.assert_allclose([lp for _, lp in a.items], truth, atol=1e-9)
+    if shared_base:  # one call per step for all: fewer, larger calls, the same rows about
+        assert len(rows_seen) * 2 < len(loop) and max(rows_seen) > max(loop), (rows_seen, loop)
+    else:  # each draft its own calls
+        assert len(rows_seen) >= len(prompts)

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxrescore._checks import check_float, check_int
 from jaxrescore.models.decoding import incremental
+from jaxrescore.models.lockstep import run
 
 
 class BestFirstResult(NamedTuple):
@@ -65,9 +66,17 @@ def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: i
     batch = k if batch is None else check_int(batch, "batch", minimum=1)
     limit = None if max_forwards is None else check_int(max_forwards, "max_forwards", minimum=1)
     seconds = check_float(max_seconds, "max_seconds", minimum=0.0, allow_none=True, unit="seconds")
-    deadline = None if seconds is None else time.monotonic() + seconds
     model = incremental(model)
-    eos, max_len = model.eos, int(model.max_len)
+    return run(best_first_steps(k, model.eos, int(model.max_len), batch, limit, seconds), model.next_logprobs)
+
+
+def best_first_steps(k: int, eos: int | None, max_len: int, batch: int, max_forwards: int | None = None,
+                     max_seconds: float | None = None):
+    """:func:`best_first_top_k` of a model of ``eos`` and ``max_len`` (arguments checked) as a
+    generator of its calls (see :mod:`jaxrescore.models.lockstep`): it yields ``(prefixes
+    int32[B, T], lengths int32[B])``, is sent the model's rows ``float[B, V]`` and returns the
+    :class:`BestFirstResult`."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     # (negated log-prob, prefix, its _Children, its index there): a max-heap by log-prob holding
     # each expanded row's best child not yet popped (the next one is pushed when it pops).
     open_: list = [(-0.0, (), None, 0)]
@@ -78,13 +87,13 @@ def best_first_top_k(model, k: int, *, batch: int | None = None, max_forwards: i
         kth = best[0][0] if len(best) >= k else -np.inf
         if -open_[0][0] <= kth:
             break  # no open prefix can beat the k-th best complete sequence
-        if limit is not None and forwards >= limit or deadline is not None and time.monotonic() >= deadline:
+        if max_forwards is not None and forwards >= max_forwards or deadline is not None and time.monotonic() >= deadline:
             exact = False
             break
         take = _pop(open_, batch, kth)
-        if limit is not None and forwards + len(take) > limit:
-            take, exact = take[: limit - forwards], False  # the rest popped is dropped: not exact
-        rows = _rows(model, [p for _, p in take])
+        if max_forwards is not None and forwards + len(take) > max_forwards:
+            take, exact = take[: max_forwards - forwards], False  # the rest popped is dropped: not exact
+        rows = np.minimum(np.asarray((yield _request([p for _, p in take])), np.float64), 0.0)
         forwards += len(take)
         calls += 1
         for (score, prefix), row in zip(take, rows):
@@ -118,13 +127,13 @@ def _pop(open_: list, batch: int, kth: float) -> list:
     return take
 
 
-def _rows(model, prefixes: list) -> np.ndarray:
+def _request(prefixes: list) -> tuple:
+    """``(int32[B, T] padded prefixes, int32[B] lengths)``."""
     width = max(1, max(len(p) for p in prefixes))
     toks = np.zeros((len(prefixes), width), np.int32)
     for i, p in enumerate(prefixes):
         toks[i, : len(p)] = p
-    lens = np.array([len(p) for p in prefixes], np.int32)
-    return np.minimum(np.asarray(model.next_logprobs(toks, lens), np.float64), 0.0)
+    return toks, np.array([len(p) for p in prefixes], np.int32)
 
 
 def _expand(prefix, score, row, eos, max_len, k, best, open_) -> None:

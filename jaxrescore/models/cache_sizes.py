@@ -20,8 +20,8 @@ MIN_CACHE_LEN = 8
 WIDTH_GROWTH = 4
 ONE_TOKEN_ROWS = 8
 # ... a multi-token call pads to at least this many positions (rows times width), and a model
-# whose rows (and one padded block after them) fit SHORT_ROWS_CACHE positions keeps every row
-# cache at one length.
+# whose rows (and one padded block after them) fit SHORT_ROWS_CACHE positions keeps its row
+# caches at the power of two covering its longest row (twice that for a wide block).
 BLOCK_POSITIONS = 16
 SHORT_ROWS_CACHE = 64
 
@@ -49,6 +49,14 @@ def default_cache_bytes() -> int:
         except ValueError:
             raise ValueError(f"{CACHE_BYTES_ENV} must be a number of bytes, got {env!r}") from None
     return memory_share(1 << 30, 16)
+
+
+def shared_cache_bytes(queries: int) -> int:
+    """The budget of ONE session serving several queries' rows (several prompts on one base
+    model): the loop of single queries it replaces holds one query's caches at a time, each
+    session with the default budget; the shared one holds every query's, with as many budgets
+    (up to a quarter of the machine's memory)."""
+    return memory_share(queries * default_cache_bytes(), 4)
 
 
 def memory_share(cap: int, part: int) -> int:

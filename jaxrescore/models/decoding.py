@@ -424,12 +424,16 @@ class DecodingSession:
 
     def _cache_len(self, need: int) -> int:
         """The row-cache length of a call writing up to position ``need``. Short rows (a model
-        whose rows and one padded block fit :data:`SHORT_ROWS_CACHE`) use ONE length, twice the
-        longest row; longer ones a coarse size (see ``cache_sizes.WIDTH_GROWTH``) no longer than the
-        power of two covering the longest row. Never shorter than ``need``."""
+        whose rows and one padded block fit :data:`SHORT_ROWS_CACHE`) use the power of two
+        covering the longest row, twice that only for a call whose padded block reaches past it
+        (a wide block from the context); longer ones a coarse size (see
+        ``cache_sizes.WIDTH_GROWTH``) no longer than the power of two covering the longest row.
+        Never shorter than ``need``. (Cache length is most of a call's cost: on the real-text
+        workload, 1,024 one-token rows of the target took 212 ms over 64 positions, 71 ms over
+        32.)"""
         longest = bucket_size(int(self.model.max_len), MIN_CACHE_LEN)
         if 2 * longest <= SHORT_ROWS_CACHE and need <= 2 * longest:
-            return 2 * longest
+            return longest if need <= longest else 2 * longest
         return max(bucket_size(need, MIN_CACHE_LEN), min(coarse_size(need, MIN_CACHE_LEN), longest))
 
     # -- the held caches --------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from jaxrescore.models.cache_sizes import default_cache_bytes, memory_share
+from jaxrescore.models.cache_sizes import shared_cache_bytes
 from jaxrescore.models.decoding import proof_session
+from jaxrescore.models.lockstep import JointRows, run_jointly
 from jaxrescore.models.packed import packed_row_positions
 from jaxrescore.models.prompt_session import PromptView, force_after
 from jaxrescore.models.scores import FrontierScores, drop_leading
@@ -19,8 +20,8 @@ from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.scored import ScoredSet, checked_frontier, checked_scores, frontier_scores
 from jaxrescore.rescore.reuse import pad_fresh, shift_left
 from jaxrescore.rescore.run import certificate_probe
-from jaxrescore.rescore.search import Round, SearchState, first_width, grow_until_certified, next_round
-from jaxrescore.rescore.seed import first_rows
+from jaxrescore.rescore.search import Round, SearchState, first_width, grow_until_certified, round_steps
+from jaxrescore.rescore.seed import first_rows_steps
 from jaxrescore.rescore.target import as_scorer, forward_rows
 from jaxrescore.sequences import from_tuples
 
@@ -58,11 +59,7 @@ def joint(indexes: Sequence[RescoredIndex], sets: list[ScoredSet]) -> Joint:
                 "those one by one)"
             )
         model, prompts = bases[0], [tuple(t.prompt) for t in targets]
-    # the loop of single queries it replaces holds one prompt's caches at a time, each session
-    # with the default budget: the joint session holds every prompt's, with as many budgets (up
-    # to a quarter of the machine's memory)
-    budget = memory_share(len(prompts) * default_cache_bytes(), 4)
-    session = proof_session(model, max_bytes=budget) if all(s.proves and s.decodes for s in sets) else None
+    session = proof_session(model, max_bytes=shared_cache_bytes(len(prompts))) if all(s.proves and s.decodes for s in sets) else None
     if session is not None:  # each set's own calls (fetched rows, grown pulls) extend the same caches
         for s, prompt in zip(sets, prompts):
             s.decode_over(PromptView(session, prompt))
@@ -208,8 +205,10 @@ def rescore_many(
     searching = mode.prove or mode.until_certified
     pulls = [ri.draft.pull(min(mode.pull_size([q]), mode.budget.max_sequences), max_rows=mode.budget.max_sequences)
              if searching else ri.draft.pull(q.extent) for ri, q in zip(indexes, queries)]
-    firsts = [first_rows(ri, pull, q.start + q.k, mode.budget, mode.prove)  # a draft listing nothing: its top-k
-              for ri, q, pull in zip(indexes, queries, pulls)]
+    # the drafts' calls (seeds, speculation) in lockstep: one call per step for every prompt
+    drafts = JointRows([ri.completer.model for ri in indexes], [ri.completer.session for ri in indexes])
+    firsts = run_jointly([first_rows_steps(ri, pull, q.start + q.k, mode.budget, mode.prove)  # a draft listing
+                          for ri, q, pull in zip(indexes, queries, pulls)], drafts)  # nothing: its top-k
     sets = [ri.new_scored_set() for ri in indexes]
     parts = [first.seqs for first in firsts]
     jt = joint(indexes, sets)
@@ -226,7 +225,8 @@ def rescore_many(
                                                            certificate_probe(ri, cover))
             if not mode.prove and sets[i].check(cover.k - 1):  # the answer's cached rows: a full forward
                 rounds[i] += 1
-    states = _search_jointly(jt, indexes, sets, start + queries[0].k, mode.budget, rounds, [first.aim for first in firsts]) if mode.prove else None
+    states = _search_jointly(jt, drafts, indexes, sets, start + queries[0].k, mode.budget, rounds,
+                             [first.aim for first in firsts]) if mode.prove else None
     out = []
     for i, (ri, q, pull, s) in enumerate(zip(indexes, queries, pulls, sets)):
         s.answer_drafts(q.start + q.k - 1)
@@ -238,24 +238,25 @@ def rescore_many(
     return out
 
 
-def _search_jointly(jt: Joint, indexes, sets: list[ScoredSet], k: int, budget: SearchBudget, rounds: list[int],
-                    aims: list[float]) -> list[SearchState]:
+def _search_jointly(jt: Joint, drafts: JointRows, indexes, sets: list[ScoredSet], k: int, budget: SearchBudget,
+                    rounds: list[int], aims: list[float]) -> list[SearchState]:
     """The speculative exact search of every index's top ``k`` at once (``rounds``: scoring
     rounds each has made; ``aims``: each draft's expected worst answer, see
     :mod:`jaxrescore.rescore.seed`): per round, each unproven index's new sequences, scored
-    together in ONE call. Returns each index's final search state."""
+    together in ONE call, their speculation's draft calls in lockstep (one call of ``drafts`` per
+    step). Returns each index's final search state."""
     states = [SearchState(None, r, first_width(ri.search_width, k), adaptive=ri.adaptive_width, aim=a)
               for ri, r, a in zip(indexes, rounds, aims)]
     while True:
+        live = [i for i, state in enumerate(states) if not state.stopped]
+        decided = run_jointly([round_steps(sets[i], 0, k, indexes[i].completer.steps, budget, states[i].rounds,
+                                           states[i].width, states[i].adaptive, states[i].aim) for i in live], drafts)
         new = {}
-        for i, (ri, state) in enumerate(zip(indexes, states)):
-            if state.stopped:
-                continue
-            r = next_round(sets[i], 0, k, ri.speculate, budget, state.rounds, state.width, state.adaptive, state.aim)
+        for i, r in zip(live, decided):
             if r.new is None:  # a stop on cached numbers: their full forward first, then decide again
                 check = sets[i].unchecked(k - 1)
-                r = Round(r.proof, [], state.width, (), check) if check.size else r
-            states[i] = state._replace(proof=r.proof, stopped=r.new is None)
+                r = Round(r.proof, [], states[i].width, (), check) if check.size else r
+            states[i] = states[i]._replace(proof=r.proof, stopped=r.new is None)
             if r.new is not None:
                 new[i] = r
         if not new:
@@ -267,8 +268,8 @@ def _search_jointly(jt: Joint, indexes, sets: list[ScoredSet], k: int, budget: S
                                 [new[i].check for i in live])
         for i, (sc, checked) in zip(live, scored):
             r = new[i]
-            drafts = indexes[i].draft_scores(r.new) if indexes[i].assumed_gap is not None else None  # see run.py
-            fetched = sets[i].add(r.new, drafts, np.full(len(r.new), -1), scored=sc, fetch=r.fetch)
+            draft_lps = indexes[i].draft_scores(r.new) if indexes[i].assumed_gap is not None else None  # see run.py
+            fetched = sets[i].add(r.new, draft_lps, np.full(len(r.new), -1), scored=sc, fetch=r.fetch)
             sets[i].store_check(checked)
             sets[i].calls += int(sc[2] > 0 or fetched or checked is not None)
             states[i] = states[i]._replace(rounds=states[i].rounds + 1, width=r.width)

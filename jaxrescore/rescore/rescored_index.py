@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxrescore._checks import check_bool, check_int
+from jaxrescore.models.lockstep import run
 from jaxrescore.models.scores import DEFAULT_TOP_M, check_top_m
 from jaxrescore.rescore.answer import decide_proofs, item_texts, results, run_core
 from jaxrescore.rescore.constrained import constrained_index
@@ -30,7 +31,7 @@ from jaxrescore.rescore.result import RescoreResult
 from jaxrescore.rescore.run import run_queries
 from jaxrescore.rescore.scored import ScoredSet
 from jaxrescore.rescore.search import SEARCH_WIDTH
-from jaxrescore.rescore.speculate import Completer, Speculation, completion_model, speculate
+from jaxrescore.rescore.speculate import Completer, Speculation, completion_model
 from jaxrescore.rescore.target import as_scorer, draft_scorer, draft_scores, target_structure
 
 
@@ -93,7 +94,8 @@ class RescoredIndex:
             draft_index, draft_model, self.draft_model)
         self._carry = GapCarry(0.0, -math.inf, 0, 0)
         self._positions = 0
-        self._completer = Completer()
+        self.completer = Completer(self.draft_model if self.draft_model is not None else target,
+                                   lambda: target_structure(self.target), self.completion_branch)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -229,19 +231,13 @@ class RescoredIndex:
     def speculate(self, prefixes: list, values: np.ndarray | None = None, floor: float = -math.inf) -> Speculation:
         """The speculated paths of :meth:`complete`, with the draft's estimates along them (see
         :func:`~jaxrescore.rescore.speculate.speculate`)."""
-        return speculate(self.completion_session(), prefixes, target_structure(self.target), self.completion_branch,
-                         values, floor)
-
-    def completion_session(self) -> Any:
-        """The completion model (the draft's; the target's without one) as the index's one
-        incremental session (see :class:`~jaxrescore.rescore.speculate.Completer`)."""
-        return self._completer.session(self.draft_model if self.draft_model is not None else self.target)
+        return run(self.completer.steps(prefixes, values, floor), self.completer.rows)
 
     @property
     def draft_positions(self) -> int | None:
         """Token positions the completion model (the draft, or the target without one) computed
         speculating paths so far, when it decodes incrementally; else None."""
-        return self._completer.positions
+        return self.completer.positions
 
     def draft_scores(self, seqs: list) -> np.ndarray:
         """The draft's log-probs ``float64[N]`` of sequences the search found (see

@@ -54,7 +54,8 @@ def run_queries(index, queries: list[Query], mode: Mode) -> list:
         # A found sequence's draft score is an observation of the gap: computed for every one
         # when a query assumes a gap, else only for what the answer returns (draft forwards
         # the verdict never reads were 15% of a text proof's wall, measured).
-        state = prove_search(scored, 0, cover.k, index.speculate, index.draft_scores if gaps else None, budget,
+        state = prove_search(scored, 0, cover.k, index.completer.steps, index.completer.rows,
+                             index.draft_scores if gaps else None, budget,
                              first_width(index.search_width, cover.k), rounds, index.adaptive_width, first.aim)
         scored.answer_drafts(cover.k - 1)
         rounds = state.rounds

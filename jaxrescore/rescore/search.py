@@ -54,6 +54,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from jaxrescore.models.lockstep import Steps, run
 from jaxrescore.rescore.core import CERT_FALSE, WHY_SHORT_OF
 from jaxrescore.rescore.draft import DraftPull, DraftView
 from jaxrescore.rescore.frontier import COMPLETE, REST, Frontier, clears
@@ -75,7 +76,7 @@ SEARCH_WIDTH = 2
 # least the current worst answer above which the width doubles, and below which it halves.
 YIELD_WIDEN = 0.5
 YIELD_NARROW = 0.25
-# The adaptive policy's other two rules (see share_of and next_round), measured on the real-text
+# The adaptive policy's other two rules (see share_of and round_steps), measured on the real-text
 # workload (benchmarks/text.py, student draft, prompts 'the' and 'if the' summed): opening at most
 # a quarter of the open exits while the worst answer still rises and the draft expects nothing
 # above it took k = 10 from 1.60x to 1.45x best-first's positions in the same calls (in every
@@ -127,7 +128,7 @@ def adapt_width(width: float, node_values: np.ndarray, worst: float, k: int) -> 
 
 
 class Round(NamedTuple):
-    """What :func:`next_round` decided: the verdict now, the new sequences the next call scores
+    """What :func:`round_steps` decided: the verdict now, the new sequences the next call scores
     (None: the search stops), the width after this round, the prefixes whose full target
     rows the same call fetches (their "rest" exits are open), and the scored rows the same call
     checks by a full forward (the current answer's cached rows, see :func:`ride_along`)."""
@@ -139,9 +140,10 @@ class Round(NamedTuple):
     check: Any = ()
 
 
-def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
-               width: float = math.inf, adaptive: bool = True, predicted: float = -math.inf):
-    """The next round (a :class:`Round`): the verdict on ``scored`` now, the new sequences the
+def round_steps(scored: ScoredSet, start: int, k: int, complete, budget: SearchBudget, rounds: int,
+                width: float = math.inf, adaptive: bool = True, predicted: float = -math.inf) -> Steps:
+    """The next round (a :class:`Round`, returned by a generator of the completion model's calls,
+    see :mod:`jaxrescore.models.lockstep`): the verdict on ``scored`` now, the new sequences the
     next call should score (None when the search stops: proven, no proof possible, or the
     budget is spent), opening at most ``width`` exits (the best by bound, see the module
     docstring), the next round's width, and the nodes whose full rows the same call fetches.
@@ -151,8 +153,8 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     Args:
       scored: what the search has scored so far.
       start, k: the slice ``[start, start + k)`` to prove.
-      complete: ``complete(prefixes, values, floor) -> Speculation``, the speculated completions
-        of exit prefixes (``values``: their exact target log-probs; a path whose estimate falls
+      complete: ``complete(prefixes, values, floor)``: a generator of the model calls that
+        speculate completions of exit prefixes, returning the :class:`Speculation` (``values``: their exact target log-probs; a path whose estimate falls
         below ``floor``, the current worst answer, may stop early, see
         :func:`~jaxrescore.rescore.speculate.speculate`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
@@ -163,7 +165,7 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     """
     if not len(scored) and scored.proves and rounds < budget.max_rounds and not budget.out_of_time():
         # nothing pulled (a draft that lists nothing up front): the draft speculates from the root
-        seed = complete([()], np.zeros(1), -math.inf).sequences()[: budget.max_sequences]
+        seed = (yield from complete([()], np.zeros(1), -math.inf)).sequences()[: budget.max_sequences]
         return Round(Proof(False, None, "nothing scored yet"), seed, width)
     proof, front = check_proof(scored, len(scored), start, k)
     if proof.proven is not False or start < 0 or not front.moved <= scored.tolerance or not scored.drift <= scored.tolerance:
@@ -187,13 +189,13 @@ def next_round(scored: ScoredSet, start: int, k: int, complete, budget: SearchBu
     if not prefixes and rest:  # only "rest" exits are open: their rows first (a call of its own)
         if not scored.fetch_rows(rest):
             return Round(proof._replace(reason=f"{proof.reason}; the search found nothing new"), None, width)
-        return next_round(scored, start, k, complete, budget, rounds, width, adaptive, predicted)
+        return (yield from round_steps(scored, start, k, complete, budget, rounds, width, adaptive, predicted))
     width = adapted
     take = int(min(room - len(rest), width))
     # few exits left (the answer is nearly settled): speculate below the answer too, so a path
     # the draft undervalues is not extended one round per token
     margin = TAIL_MARGIN if adaptive and n_open <= TAIL_EXITS * k else 0.0
-    spec = complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
+    spec = yield from complete(prefixes[:take], values[:take], open_floor(worst, scored.tolerance) - margin)
     aim = base = worst - margin if margin else aim_of(scored, spec, start + k - 1, worst)
     if not margin:
         aim = max(aim, predicted)
@@ -224,7 +226,7 @@ def ride_along(scored: ScoredSet, rank: int) -> np.ndarray:
     """The scored rows a round's call checks by a full forward besides its own sequences (see
     :meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`): the current answer's rows holding
     cached numbers, so that an answer the round does not change needs no call of its own.
-    :func:`next_round` sends them once the answer has reached the round's aim: on the quick
+    :func:`round_steps` sends them once the answer has reached the round's aim: on the quick
     proof_compute run (wide, k = 10) the 3-gram's proof took 8 calls and 1,243 positions this way,
     8 and 1,363 checking in every round, 9 and 1,323 checking only a settled answer, 9 and 1,253
     checking only at the end."""
@@ -259,14 +261,15 @@ class SearchState(NamedTuple):
     aim: float = -math.inf
 
 
-def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, draft_scores,
+def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, rows, draft_scores,
                 budget: SearchBudget) -> SearchState:
-    """One round: decide (:func:`next_round`) and, unless the search stops, score the new
+    """One round: decide (:func:`round_steps`, its model calls answered by ``rows(prefixes,
+    lengths)``) and, unless the search stops, score the new
     sequences (and fetch the rows it asks for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
     gives their draft log-probs, NaN when unknown; None: computed only where read, see
     :meth:`~jaxrescore.rescore.scored.ScoredSet.answer_drafts`)."""
-    proof, new, width, fetch, check = next_round(scored, start, k, complete, budget, state.rounds, state.width,
-                                                 state.adaptive, state.aim)
+    proof, new, width, fetch, check = run(round_steps(scored, start, k, complete, budget, state.rounds, state.width,
+                                                      state.adaptive, state.aim), rows)
     if new is None:
         return state._replace(proof=proof, stopped=True)
     report(f"round {state.rounds + 1} of at most {budget.max_rounds}: scoring {len(new)} new sequences "
@@ -276,20 +279,20 @@ def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, compl
     return state._replace(proof=proof, rounds=state.rounds + 1, width=width)
 
 
-def prove_search(scored: ScoredSet, start: int, k: int, complete, draft_scores, budget: SearchBudget,
+def prove_search(scored: ScoredSet, start: int, k: int, complete, rows, draft_scores, budget: SearchBudget,
                  width: float = math.inf, rounds: int = 1, adaptive: bool = True,
                  aim: float = -math.inf) -> SearchState:
     """Grow ``scored`` until the slice ``[start, start + k)`` is proven or the budget runs out
     (see :func:`search_step`); ``width``: the exits the first round may open
     (:func:`first_width`), adapted each round (:func:`adapt_width`) or, without ``adaptive``,
     doubled; ``rounds``: scoring rounds already made; ``aim``: the draft's expected worst
-    answer (see :func:`next_round`'s ``predicted``). A search that stops with its answer on
+    answer (see :func:`round_steps`'s ``predicted``). A search that stops with its answer on
     cached numbers (:meth:`~jaxrescore.rescore.scored.ScoredSet.unchecked`) checks them by a full
     forward in a call of its own (whatever the budget: no verdict or returned score rests on
     them otherwise) and decides again. Returns the final state."""
     state = SearchState(None, rounds, width, adaptive=adaptive, aim=aim)
     while not state.stopped:
-        state = search_step(state, scored, start, k, complete, draft_scores, budget)
+        state = search_step(state, scored, start, k, complete, rows, draft_scores, budget)
         if state.stopped and scored.check(start + k - 1):
             state = state._replace(rounds=state.rounds + 1, stopped=False)
     return state

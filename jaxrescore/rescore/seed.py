@@ -9,7 +9,7 @@ final worst; 13 when the final worst was known in advance). The draft's own exac
 best-first search over the draft's rows (through the completion session, whose caches the
 speculation then extends), gives both: its sequences are the first sequences the target scores
 (k complete answers in one call: a finite worst from the start), and its k-th draft score is the
-*aim* of the rounds after it (see :func:`~jaxrescore.rescore.search.next_round`): the score the
+*aim* of the rounds after it (see :func:`~jaxrescore.rescore.search.round_steps`): the score the
 answer is expected to reach.
 
 Policy, not soundness: the target scores every seeded sequence and the proof reads only the
@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrescore.baselines.best_first import best_first_top_k
+from jaxrescore.baselines.best_first import best_first_steps
+from jaxrescore.models.lockstep import Steps, run
 from jaxrescore.rescore.draft import DraftPull, SpeculativeDraft
 from jaxrescore.rescore.queries import SearchBudget
 
@@ -58,10 +59,11 @@ def seed_rows(k: int, max_sequences: int) -> int:
     return max(1, min(SEED_ROWS_PER_ITEM * k, max_sequences))
 
 
-def draft_top_k(session, k: int, max_rows: int, max_seconds: float | None = None) -> Seed:
-    """The draft's top-``k`` by best-first search over ``session`` (the completion model, any
-    ``next_logprobs`` model), evaluating at most ``max_rows`` rows, in at most ``max_seconds``."""
-    found = best_first_top_k(session, k, batch=max(SEED_BATCH, k), max_forwards=max_rows, max_seconds=max_seconds)
+def draft_top_k_steps(eos: int | None, max_len: int, k: int, max_rows: int, max_seconds: float | None = None) -> Steps:
+    """The draft's top-``k`` by best-first search over the completion model (of ``eos`` and
+    ``max_len``), evaluating at most ``max_rows`` rows, in at most ``max_seconds``: a generator
+    of the model's calls (see :mod:`jaxrescore.models.lockstep`) returning the :class:`Seed`."""
+    found = yield from best_first_steps(k, eos, max_len, max(SEED_BATCH, k), max_rows, max_seconds)
     seqs = [tuple(int(t) for t in s) for s, _ in found.items]
     lps = np.array([lp for _, lp in found.items], np.float64)
     return Seed(seqs, lps, float(lps[k - 1]) if lps.size >= k else -math.inf)
@@ -72,17 +74,24 @@ NO_SEED = Seed([], np.zeros(0), -math.inf)
 
 def seed_of(index, k: int, budget: SearchBudget) -> Seed:
     """The first sequences a proving search of ``index``'s top ``k`` scores (when its pull is
-    empty) and the aim of its later rounds: the draft's top-k (:func:`draft_top_k`) when the
+    empty) and the aim of its later rounds: the draft's top-k (:func:`draft_top_k_steps`) when the
     index is a :class:`~jaxrescore.rescore.draft.SpeculativeDraft` over a draft other than the
     target, else :data:`NO_SEED`. They are not the index's ranks (it lists nothing, and bounds
     nothing: no certificate reads them as a draft head); their draft log-probs are the draft's
     own."""
+    return run(seed_steps(index, k, budget), index.completer.rows)
+
+
+def seed_steps(index, k: int, budget: SearchBudget) -> Steps:
+    """:func:`seed_of` as a generator of the completion model's calls (see
+    :mod:`jaxrescore.models.lockstep`)."""
     if not isinstance(index.draft_index, SpeculativeDraft) or budget.out_of_time():
         return NO_SEED
     if index.draft_index.model is index.target:  # no draft (the target speculates): its own
         return NO_SEED  # best-first would be the whole search, uncounted as target work
     left = None if budget.max_seconds is None else max(0.0, budget.max_seconds - (time.monotonic() - budget.started))
-    return draft_top_k(index.completion_session(), k, seed_rows(k, budget.max_sequences), left)
+    model = index.completer.model
+    return (yield from draft_top_k_steps(model.eos, int(model.max_len), k, seed_rows(k, budget.max_sequences), left))
 
 
 class FirstRows(NamedTuple):
@@ -98,7 +107,13 @@ class FirstRows(NamedTuple):
 def first_rows(index, pull: DraftPull, k: int, budget: SearchBudget, prove: bool) -> FirstRows:
     """The pulled head, or, for a proving search whose pull is empty, the draft's own top ``k``
     (:func:`seed_of`), unranked."""
-    seed = seed_of(index, k, budget) if prove and not pull.seqs else NO_SEED
+    return run(first_rows_steps(index, pull, k, budget, prove), index.completer.rows)
+
+
+def first_rows_steps(index, pull: DraftPull, k: int, budget: SearchBudget, prove: bool) -> Steps:
+    """:func:`first_rows` as a generator of the completion model's calls (see
+    :mod:`jaxrescore.models.lockstep`)."""
+    seed = (yield from seed_steps(index, k, budget)) if prove and not pull.seqs else NO_SEED
     if seed.seqs:
         return FirstRows(seed.seqs, seed.draft_lps, np.full(len(seed.seqs), -1), seed.aim)
     return FirstRows(pull.seqs, pull.draft_lps, np.arange(len(pull.seqs)), -math.inf)

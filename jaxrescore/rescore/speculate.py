@@ -16,6 +16,7 @@ import numpy as np
 from jaxrescore.models.callable import CallableModel
 from jaxrescore.models.checked import ContinuedModel, checked_model
 from jaxrescore.models.decoding import incremental
+from jaxrescore.models.lockstep import Steps, run
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.base import Structure
 from jaxrescore.sequences import from_tuples
@@ -116,26 +117,41 @@ class Speculation(NamedTuple):
 
 
 class Completer:
-    """The completion model through ONE decoding session for an index's life when it decodes
+    """Speculation over an index's completion model (``model``: the draft's, or the target's
+    without one) through ONE decoding session for the index's life when it decodes
     incrementally: a round extends the rows earlier rounds speculated instead of recomputing every
-    exit prefix from the prompt (the session drops its caches itself when the weights change)."""
+    exit prefix from the prompt (the session drops its caches itself when the weights change).
+    ``structure()``: the target's :class:`Structure` now (an inferred vocabulary grows);
+    ``branch``: see :func:`speculate`."""
 
-    def __init__(self):
-        self._model = self._session = None
+    def __init__(self, model, structure, branch: int = 1):
+        self.model, self._structure, self._branch = model, structure, branch
+        self._session = None
 
-    def session(self, model):
-        """``model`` as an incremental session: the held one while the model is the same object."""
-        if self._model is not model:
-            self._model, self._session = model, incremental(model)
+    def session(self):
+        """The model as an incremental session, made at the first call."""
+        if self._session is None:
+            self._session = incremental(self.model)
         return self._session
+
+    def rows(self, prefixes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The model's next-token rows, through :meth:`session`."""
+        return self.session().next_logprobs(prefixes, lengths)
+
+    def steps(self, prefixes: list, values=None, floor: float = -np.inf) -> Steps:
+        """:func:`speculate`'s paths from ``prefixes`` as a generator of the model's calls (see
+        :mod:`jaxrescore.models.lockstep`; :meth:`rows` answers them alone)."""
+        structure = self._structure()
+        limit = min(structure.max_len, int(getattr(self.model, "max_len", structure.max_len)))
+        return speculate_steps(prefixes, structure, limit, self._branch, values, floor)
 
     @property
     def positions(self) -> int | None:
         """Token positions the session computed so far; None when the model is not decoded
         incrementally (its positions are not counted)."""
-        if self._model is None:
+        if self._session is None:
             return 0
-        return getattr(self._session, "positions", None) if self._session is not self._model else None
+        return getattr(self._session, "positions", None) if self._session is not self.model else None
 
 
 def greedy_complete(model, prefixes: list, structure: Structure, branch: int = 1, values=None, floor: float = -np.inf) -> list:
@@ -164,8 +180,16 @@ def speculate(model, prefixes: list, structure: Structure, branch: int = 1, valu
     Returns the paths as a :class:`Speculation`: the prefixes' rows first, in order, then the
     forks, with the model's estimate after each token."""
     model = incremental(model)
+    limit = min(structure.max_len, int(getattr(model, "max_len", structure.max_len)))
+    return run(speculate_steps(prefixes, structure, limit, branch, values, floor), model.next_logprobs)
+
+
+def speculate_steps(prefixes: list, structure: Structure, limit: int, branch: int = 1, values=None,
+                    floor: float = -np.inf) -> Steps:
+    """:func:`speculate` as a generator of its model calls (see :mod:`jaxrescore.models.lockstep`):
+    it yields ``(prefixes, lengths)`` and is sent the model's rows; ``limit``: the longest prefix
+    the model can extend is ``limit - 1`` (its ``max_len``, at most the structure's)."""
     eos, max_len = structure.eos, structure.max_len
-    limit = min(max_len, int(getattr(model, "max_len", max_len)))
     # the columns a row must have: the target's tokens, eos included (it closes paths)
     need = max(structure.vocab_size or 0, 0 if eos is None else eos + 1)
     # rows: int32[N, max_len] padded sequences and their lengths, grown one column per step
@@ -200,7 +224,7 @@ def speculate(model, prefixes: list, structure: Structure, branch: int = 1, valu
                 f"max_len={max_len}; pass draft_model= a model as long as the target"
             )
         width = max(1, int(lens[idx].max()))
-        lp = to_host(model.next_logprobs(rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
+        lp = to_host((yield rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
         lp = np.where(np.isnan(lp), -np.inf, lp)
         if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
