@@ -279,3 +279,31 @@ def test_proof_over_the_envelope_index():
             assert r.proven is True and is_exact_slice(r, target, 0, k), r.proof_reason
             plain = ri.top_k(k)
             assert plain.certified is not True or "exhausted" in plain.reason
+
+
+def test_exits_listed_above_a_floor_are_the_whole_list_cut_at_it(monkeypatch):
+    """The frontier lists only the exits worth at least the search's floor (and the best ones):
+    exactly what cutting the whole list gives, on every frontier of proving searches over small
+    supports (floors from -inf to above every exit, NaN lists everything)."""
+    from jaxrescore.rescore import proof as proof_mod
+
+    real, seen = frontier_mod.frontier, []
+
+    def compare(s, structure, floor=-math.inf):
+        got = real(s, structure, floor)
+        if s.tokens.shape[0]:
+            _, _, values = frontier_mod.frontier_values(s, np.ones(s.tokens.shape[0], bool),
+                                                       *frontier_mod.structure_numbers(structure))
+            for f in (floor, -math.inf, got.bound + 1.0, float("nan")):
+                want = frontier_mod.exit_list(values, structure)
+                want = frontier_mod._at_least(want, f) if f == f else want
+                cut = frontier_mod.exit_list(values, structure, f)
+                cut = frontier_mod._at_least(cut, f) if f == f else cut
+                assert all(np.array_equal(a, b) for a, b in zip(cut, want)), f
+            seen.append(floor)
+        return got
+
+    monkeypatch.setattr(proof_mod, "frontier", compare)
+    wrong, unproven, n = battery(CASES[::5], windows=(0,), slices=((0, 4),))
+    assert not wrong and not unproven
+    assert len(seen) > 20 and any(math.isfinite(f) for f in seen)

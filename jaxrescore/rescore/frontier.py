@@ -440,23 +440,29 @@ def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> F
         return Frontier(float(ex.value.max(initial=-np.inf)), _at_least(ex, floor), 0.0)
     valid = np.ones(s.tokens.shape[0], bool)
     bound, moved, values = frontier_values(s, valid, *structure_numbers(structure))
-    return Frontier(float(bound), _at_least(exit_list(values, structure), floor), float(moved))
+    return Frontier(float(bound), _at_least(exit_list(values, structure, floor), floor), float(moved))
 
 
-def exit_list(v: ExitValues, structure: Structure) -> Exits:
+def exit_list(v: ExitValues, structure: Structure, floor: float = -np.inf) -> Exits:
     """Every exit of ``v`` (host arrays) as ``(scored row, depth, token, value)``, one per (node,
-    token): the prefix is the scored row's first ``depth`` tokens."""
+    token): the prefix is the scored row's first ``depth`` tokens. With a ``floor``, only those
+    worth at least it and the best ones (what :func:`_at_least` keeps of the whole list: most
+    exits lie below the worst answer, and listing them was a third of a text proof's frontier
+    time)."""
     parts = []  # (sorted row, depth, token, node, value)
+    every = (v.top, v.rest, v.eos, v.blind, v.complete, v.rows)
+    best = max(float(np.max(np.where(a > -np.inf, a, -np.inf), initial=-np.inf)) for a in every)
+    least = min(floor, best) if floor == floor else -np.inf  # a NaN floor lists every exit
     node = v.node[v.at_row, v.at_depth]
-    k, j = np.nonzero(v.top > -np.inf)
+    k, j = np.nonzero(_listed(v.top, least))
     parts.append((v.at_row[k], v.at_depth[k], v.top_ids[k, j], node[k], v.top[k, j]))
     for values, token in ((v.rest, REST), (v.eos, structure.eos)):
-        k = np.flatnonzero(values > -np.inf)
+        k = np.flatnonzero(_listed(values, least))
         parts.append((v.at_row[k], v.at_depth[k], np.full(k.size, token, np.int64), node[k], values[k]))
     for values, token in ((v.blind, REST), (v.complete, COMPLETE)):
-        i = np.flatnonzero(values > -np.inf)
+        i = np.flatnonzero(_listed(values, least))
         parts.append((i, v.lengths[i], np.full(i.size, token, np.int64), v.node[i, v.lengths[i]], values[i]))
-    r, t = np.nonzero(v.rows > -np.inf)
+    r, t = np.nonzero(_listed(v.rows, least))
     parts.append((v.row_at[r], v.row_depth[r], t, v.row_nodes[r], v.rows[r, t]))
     rows, depth, token, node, value = (np.concatenate([np.asarray(p[f], dt) for p in parts])
                                        for f, dt in enumerate((np.int64,) * 4 + (np.float64,)))
@@ -465,6 +471,11 @@ def exit_list(v: ExitValues, structure: Structure) -> Exits:
     span = int(token.max(initial=0)) - COMPLETE + 1
     _, keep = np.unique(node * span + (token - COMPLETE), return_index=True)
     return Exits(np.asarray(v.perm)[rows[keep]], depth[keep], token[keep], value[keep])
+
+
+def _listed(values: np.ndarray, least: float) -> np.ndarray:
+    """Which exit values are listed: finite above ``-inf`` and at least ``least``."""
+    return (values > -np.inf) & (values >= least)
 
 
 def _at_least(ex: Exits, floor: float) -> Exits:
