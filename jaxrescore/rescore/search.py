@@ -154,9 +154,9 @@ def round_steps(scored: ScoredSet, start: int, k: int, complete, budget: SearchB
       scored: what the search has scored so far.
       start, k: the slice ``[start, start + k)`` to prove.
       complete: ``complete(prefixes, values, floor)``: a generator of the model calls that
-        speculate completions of exit prefixes, returning the :class:`Speculation` (``values``: their exact target log-probs; a path whose estimate falls
-        below ``floor``, the current worst answer, may stop early, see
-        :func:`~jaxrescore.rescore.speculate.speculate`).
+        speculate completions of exit prefixes, returning the :class:`Speculation` (``values``:
+        their exact target log-probs; a path whose estimate falls below ``floor``, the current
+        worst answer, may stop early, see :func:`~jaxrescore.rescore.speculate.speculate`).
       budget: the search's limits; ``rounds``: scoring rounds made so far.
       width: exits this round may open (see :func:`first_width`).
       predicted: the score the draft expects the answer's worst to reach (its own k-th best, see
@@ -264,9 +264,9 @@ class SearchState(NamedTuple):
 def search_step(state: SearchState, scored: ScoredSet, start: int, k: int, complete, rows, draft_scores,
                 budget: SearchBudget) -> SearchState:
     """One round: decide (:func:`round_steps`, its model calls answered by ``rows(prefixes,
-    lengths)``) and, unless the search stops, score the new
-    sequences (and fetch the rows it asks for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]``
-    gives their draft log-probs, NaN when unknown; None: computed only where read, see
+    lengths)``) and, unless the search stops, score the new sequences (and fetch the rows it asks
+    for) in ONE target call (``scored`` grows; ``draft_scores(seqs) -> float[N]`` gives their
+    draft log-probs, NaN when unknown; None: computed only where read, see
     :meth:`~jaxrescore.rescore.scored.ScoredSet.answer_drafts`)."""
     proof, new, width, fetch, check = run(round_steps(scored, start, k, complete, budget, state.rounds, state.width,
                                                       state.adaptive, state.aim), rows)
