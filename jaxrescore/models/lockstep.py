@@ -84,11 +84,9 @@ class JointRows:
         self._base = bases[0] if shared and len(models) > 1 else None
         self._prompts = [np.asarray(m.prompt, np.int32) for m in models] if self._base is not None else None
         self._session = None
-        self.calls = 0
 
     def __call__(self, owners: list[int], requests: list[tuple]) -> list[np.ndarray]:
         """Per owner, the rows of its request ``(prefixes int32[B, T], lengths int32[B])``."""
-        self.calls += 1
         if self._base is None:
             return [self._sessions[i]().next_logprobs(toks, lens) for i, (toks, lens) in zip(owners, requests)]
         if self._session is None:

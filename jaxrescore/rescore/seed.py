@@ -59,24 +59,15 @@ def seed_rows(k: int, max_sequences: int) -> int:
     return max(1, min(SEED_ROWS_PER_ITEM * k, max_sequences))
 
 
-def draft_top_k_steps(eos: int | None, max_len: int, k: int, max_rows: int, max_seconds: float | None = None) -> Steps:
-    """The draft's top-``k`` by best-first search over the completion model (of ``eos`` and
-    ``max_len``), evaluating at most ``max_rows`` rows, in at most ``max_seconds``: a generator
-    of the model's calls (see :mod:`jaxrescore.models.lockstep`) returning the :class:`Seed`."""
-    found = yield from best_first_steps(k, eos, max_len, max(SEED_BATCH, k), max_rows, max_seconds)
-    seqs = [tuple(int(t) for t in s) for s, _ in found.items]
-    lps = np.array([lp for _, lp in found.items], np.float64)
-    return Seed(seqs, lps, float(lps[k - 1]) if lps.size >= k else -math.inf)
-
-
 NO_SEED = Seed([], np.zeros(0), -math.inf)
 
 
 def seed_of(index, k: int, budget: SearchBudget) -> Seed:
     """The first sequences a proving search of ``index``'s top ``k`` scores (when its pull is
-    empty) and the aim of its later rounds: the draft's top-k (:func:`draft_top_k_steps`) when the
-    index is a :class:`~jaxrescore.rescore.draft.SpeculativeDraft` over a draft other than the
-    target, else :data:`NO_SEED`. They are not the index's ranks (it lists nothing, and bounds
+    empty) and the aim of its later rounds: the draft's top-k (best-first search over its rows,
+    at most :func:`seed_rows` of them, within the query's seconds) when the index is a
+    :class:`~jaxrescore.rescore.draft.SpeculativeDraft` over a draft other than the target, else
+    :data:`NO_SEED`. They are not the index's ranks (it lists nothing, and bounds
     nothing: no certificate reads them as a draft head); their draft log-probs are the draft's
     own."""
     return run(seed_steps(index, k, budget), index.completer.rows)
@@ -90,8 +81,13 @@ def seed_steps(index, k: int, budget: SearchBudget) -> Steps:
     if index.draft_index.model is index.target:  # no draft (the target speculates): its own
         return NO_SEED  # best-first would be the whole search, uncounted as target work
     left = None if budget.max_seconds is None else max(0.0, budget.max_seconds - (time.monotonic() - budget.started))
+    # the draft's top-k by best-first search over the completion model, within the seed's rows
     model = index.completer.model
-    return (yield from draft_top_k_steps(model.eos, int(model.max_len), k, seed_rows(k, budget.max_sequences), left))
+    found = yield from best_first_steps(k, model.eos, int(model.max_len), max(SEED_BATCH, k),
+                                        seed_rows(k, budget.max_sequences), left)
+    seqs = [tuple(int(t) for t in s) for s, _ in found.items]
+    lps = np.array([lp for _, lp in found.items], np.float64)
+    return Seed(seqs, lps, float(lps[k - 1]) if lps.size >= k else -math.inf)
 
 
 class FirstRows(NamedTuple):
