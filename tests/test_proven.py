@@ -107,6 +107,7 @@ def test_any_draft_index_even_without_a_model_or_bound():
         ("drop the root's exits", lambda ex, st: ex.depth > 0),
         ("drop eos exits", lambda ex, st: ex.token != st.eos),
         ("drop rest exits", lambda ex, st: ex.token != frontier_mod.REST),
+        ("drop named exits", lambda ex, st: (ex.token < 0) | (ex.token == st.eos)),
     ],
 )
 def test_unsound_variants_are_caught(monkeypatch, name, keep):
@@ -307,3 +308,25 @@ def test_exits_listed_above_a_floor_are_the_whole_list_cut_at_it(monkeypatch):
     wrong, unproven, n = battery(CASES[::5], windows=(0,), slices=((0, 4),))
     assert not wrong and not unproven
     assert len(seen) > 20 and any(math.isfinite(f) for f in seen)
+
+
+def test_named_children_match_the_tries_edges(monkeypatch):
+    """Which top-m names of a node are its children (they are no exits) is looked up per child
+    edge, not per name: on every frontier of proving searches it equals the trie's own edges
+    (every (node[r, d], token[r, d]) with a node at depth d + 1), read one by one."""
+    real, calls = frontier_mod._named_children, []
+
+    def compare(ops, node, new, srt, at_node, ok, toks):
+        got = real(ops, node, new, srt, at_node, ok, toks)
+        r, d = np.nonzero(node[:, 1:] >= 0)
+        edges = set(zip(node[r, d].tolist(), srt[r, d].tolist()))
+        want = np.array([[bool(ok[k]) and (int(at_node[k]), int(t)) in edges for t in toks[k]]
+                         for k in range(toks.shape[0])], bool).reshape(toks.shape)
+        assert np.array_equal(got & ok[:, None], want)
+        calls.append(int(want.sum()))
+        return got
+
+    monkeypatch.setattr(frontier_mod, "_named_children", compare)
+    wrong, unproven, _ = battery(CASES[::7], windows=(0,), slices=((0, 4),))
+    assert not wrong and not unproven
+    assert len(calls) > 10 and sum(calls) > 0
