@@ -90,6 +90,11 @@ _FRESH_SHAPES: dict = {}
 # proven top-100: powers of four throughout cost 9-13% of the proof's wall, this 6-8%, against
 # powers of two; the first proven top-25 on real text compiles 22 programs against 25)
 COARSE_ROWS = 256
+# A call whose rows would be padded by more than this many positions (rows times fed width) is
+# split into calls of the compiled shapes it fills (on CPU, where a padding position costs a real
+# one's compute: the wide workload's proven top-100 computed 43,424 padded positions for 19,251
+# real ones; an extra call costs about what 16-64 positions do)
+SPLIT_POSITIONS = 64
 # (that key, rows) -> those zeros on the device, the most recently used last (a few kept)
 _FRESH_ZEROS: dict = {}
 
@@ -198,7 +203,8 @@ class DecodingSession:
           left-aligned, and the token positions this call computed (added to ``positions``).
         """
         batch, known = check_teacher_rows(rows, known, self.vocab_size, self.max_len)
-        reduce = frontier_reduce(min(check_top_m(top_m), self.vocab_size), self.vocab_size, self.eos)
+        reduce = frontier_reduce(min(check_top_m(top_m), self.vocab_size), self.vocab_size, self.eos,
+                                 host=jax.default_backend() == "cpu" and self._base.mesh is None)
         out = TeacherOut(batch, known, reduce.top_m, self.eos)
         before = self.positions
         with mesh_context(self._base.mesh):
@@ -284,7 +290,7 @@ class DecodingSession:
         fed = np.zeros(batch.size, np.int64)
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
             fed[part] += lens[part] - 1 - starts
-            host = tuple(to_host(x) for x in dev)
+            host = reduce.on_host(tuple(to_host(x) for x in dev), part.size)
             who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
             out.fill([i for i, _, _ in who], np.array([k for _, k, _ in who]), np.array([s for _, _, s in who]), host, at)
         return fed
@@ -357,10 +363,9 @@ class DecodingSession:
         per = self._base._chunk(w)
         put = self._base._put
         out = []
-        for lo in range(0, idx.size, per):
-            part, part_start, m = idx[lo : lo + per], starts[lo : lo + per], min(per, idx.size - lo)
+        for lo, m, b in self._row_calls(idx.size, per, w):
+            part, part_start = idx[lo : lo + m], starts[lo : lo + m]
             fed = (ends[part] - part_start).astype(np.int32)
-            b = self._call_rows(m, per, w)
             block = np.zeros((b, w), np.int32)
             cols = part_start[:, None] + np.arange(w)[None, :]
             real = cols < ends[part][:, None]
@@ -375,7 +380,7 @@ class DecodingSession:
             cache = None
             if pool is not None:
                 rows_in = np.full(b, members[lo][1], np.int32)  # padding rows: a held one
-                rows_in[:m] = [r for _, r, _ in members[lo : lo + per]]
+                rows_in[:m] = [r for _, r, _ in members[lo : lo + m]]
                 cache = self._pools.take(pool, rows_in)
             elif self._pools.host and self._dec.zeros_fresh:  # one program for both kinds of rows
                 cache = self._fresh(params, ctx, b, s_out)
@@ -410,6 +415,33 @@ class DecodingSession:
                 _FRESH_ZEROS.pop(next(iter(_FRESH_ZEROS)))
         _FRESH_ZEROS[key, b] = zeros
         return zeros
+
+    def _row_calls(self, n: int, per: int, w: int) -> list:
+        """``(first row, rows, padded rows)`` of each call feeding ``n`` rows of ``w`` tokens:
+        ``per`` rows at most per call, and where padding the rest up to its shape would compute
+        more than :data:`SPLIT_POSITIONS` padding positions, the largest shape it fills is split
+        off as a call of its own (CPU only, where a padded position costs what a real one does;
+        every call keeps one of :meth:`_call_rows`' shapes, so nothing new compiles)."""
+        calls, lo = [], 0
+        split = jax.default_backend() == "cpu" and self._base.mesh is None
+        while lo < n:
+            m = min(per, n - lo)
+            b = self._call_rows(m, per, w)
+            if split and (b - m) * w > SPLIT_POSITIONS:
+                fits = [c for c in self._row_shapes(per, w) if c <= m]
+                if fits:
+                    m = b = fits[-1]
+            calls.append((lo, m, b))
+            lo += m
+        return calls
+
+    def _row_shapes(self, per: int, w: int) -> list:
+        """Every padded row count :meth:`_call_rows` gives calls of ``w`` tokens, ascending."""
+        sizes, m = set(), 1
+        while m <= per:
+            sizes.add(self._call_rows(m, per, w))
+            m *= 2
+        return sorted(sizes)
 
     def _call_rows(self, m: int, per: int, w: int) -> int:
         """The padded rows of a call of ``m`` rows of ``w`` fed tokens (``per``: the most per
