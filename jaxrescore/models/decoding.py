@@ -248,7 +248,7 @@ class DecodingSession:
         def hold(group, cache):  # each row holds its fed tokens (all but its last), as a feed would
             fed = [max(int(lens[i]) - 1, 0) for i in group]
             self._hold(cache, len(group), self._cache_len(max(max(fed), 1)),
-                       [self._row_keys(toks[i], 0, f) for i, f in zip(group, fed)])
+                       self._row_keys(toks, group, np.zeros(len(group), np.int64), fed))
             self.calls += 1
 
         frontier = packed_frontier(base, base.packed_forward(), prompt, batch, top_m, KeepCaches(self._cache_len, hold))
@@ -392,7 +392,7 @@ class DecodingSession:
             self.calls += 1
             self.positions += int(fed.sum())
             self.extended += m if pool is not None else 0
-            self._hold(held, m, s_out, [self._row_keys(toks[i], s, e) for i, s, e in zip(part, part_start, ends[part])])
+            self._hold(held, m, s_out, self._row_keys(toks, part, part_start, ends[part]))
             out.append((part, part_start, rows))
         return out
 
@@ -470,13 +470,19 @@ class DecodingSession:
 
     # -- the held caches --------------------------------------------------------------------------
 
-    def _row_keys(self, tokens: np.ndarray, start: int, end: int) -> list:
-        """The keys a row cache holding ``tokens[:end]`` (fed from ``start``) serves: every
-        prefix of ``start + 1`` tokens or more when the decoder's caches serve prefixes (the
-        shorter ones are its ancestor's), else ``tokens[:end]`` alone."""
-        row = np.ascontiguousarray(tokens[:end], np.int32)
-        lo = int(start) + 1 if self._dec.prefix_reuse else int(end)
-        return [row[:n].tobytes() for n in range(max(lo, 1), int(end) + 1)]
+    def _row_keys(self, toks: np.ndarray, rows, starts, ends) -> list:
+        """Per row ``i`` of ``rows``, the keys a row cache holding ``toks[i, :ends]`` (fed from
+        ``starts``) serves: every prefix of ``start + 1`` tokens or more when the decoder's
+        caches serve prefixes (the shorter ones are its ancestor's), else the whole fed prefix
+        alone. (One byte string per row, sliced: keys are the int32 tokens' bytes.)"""
+        rows = np.asarray(rows, np.int64)
+        if not rows.size:
+            return []
+        ends = np.asarray(ends, np.int64)
+        lows = np.maximum(np.asarray(starts, np.int64) + 1 if self._dec.prefix_reuse else ends, 1)
+        block = np.ascontiguousarray(toks[rows, : max(int(ends.max()), 1)], np.int32)
+        return [[raw[: 4 * n] for n in range(lo, end + 1)]
+                for raw, lo, end in zip(map(bytes, block), lows.tolist(), ends.tolist())]
 
     def _hold(self, cache, m: int, s: int, keys: list) -> None:
         """Keep the first ``m`` rows of ``cache`` (rows of ``s`` positions) in their pool (see

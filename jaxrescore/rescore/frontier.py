@@ -579,8 +579,9 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
             )
     if vocab is not None and s.top_ids.size:
         ids = s.top_ids[:, :width]
-        r, c, j = np.nonzero((ids < 0) | (ids >= vocab))  # padding among them: only named ones count
-        named = real[r, c] & np.isfinite(top_lps[r, c, j])
+        outside = ((ids < 0) | (ids >= vocab)) & real[:, :, None]
+        r, c, j = np.nonzero(outside) if outside.any() else (np.zeros(0, np.int64),) * 3
+        named = np.isfinite(top_lps[r, c, j])  # padding among them (-inf): only named ones count
         if named.any():
             raise ValueError(
                 f"the target's forward named token {int(ids[r, c, j][named][0])} among a position's "
