@@ -224,7 +224,11 @@ def speculate_steps(prefixes: list, structure: Structure, limit: int, branch: in
                 f"max_len={max_len}; pass draft_model= a model as long as the target"
             )
         width = max(1, int(lens[idx].max()))
-        lp = to_host((yield rows[idx, :width], lens[idx].astype(np.int32)), np.float64)
+        # float32 rows stay float32 (a float64 copy of every [B, V] row was most of this loop's
+        # time): an estimate adds the chosen entries to float64 sums, exactly as their copies
+        lp = to_host((yield rows[idx, :width], lens[idx].astype(np.int32)))
+        if lp.dtype not in (np.float32, np.float64):
+            lp = lp.astype(np.float64)
         lp = np.where(np.isnan(lp), -np.inf, lp)
         if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
