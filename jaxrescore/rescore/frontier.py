@@ -424,28 +424,20 @@ def _named_children(ops: _Ops, node, new, srt, at_node, ok, toks):
     every name among every child took 45% of the frontier's time)."""
     xp = ops.xp
     size = node.shape[0] * node.shape[1]
-    cells = xp.arange(at_node.shape[0])
-    named_at = xp.full(size + 1, -1, np.int64)  # node -> the k where it reads its exits
-    named_at = _put(xp, named_at, xp.where(ok, at_node, size), cells)[:size]
-    edge = new[:, 1:]
-    parent = xp.where(edge, node[:, :-1], size).reshape(-1)
-    row = xp.where(parent < size, xp.concatenate([named_at, xp.full(1, -1, np.int64)])[parent], -1)
+    cells, at = xp.arange(at_node.shape[0]), xp.where(ok, at_node, size)
+    if xp is np:  # node -> the k where it reads its exits (-1: none; index ``size``: no node)
+        named_at = np.full(size + 1, -1, np.int64)
+        named_at[at] = cells
+        named_at[size] = -1
+    else:
+        named_at = jnp.full(size + 1, -1, np.int64).at[at].set(cells).at[size].set(-1)
+    row = named_at[xp.where(new[:, 1:], node[:, :-1], size).reshape(-1)]
     token = srt.reshape(-1)  # srt: int[N, L], the token from node[r, d] to node[r, d + 1]
     if xp is np:  # only the edges whose parent reads exits (numpy: nonzero; JAX: every cell, masked)
         keep = np.flatnonzero(row >= 0)
         row, token = row[keep], token[keep]
     hits = toks[xp.maximum(row, 0)] == token[:, None]
     return ops.mark(toks.shape, row, hits)
-
-
-def _put(xp, out, ids, values):
-    """``out`` with ``values`` written at ``ids`` (the last write of an index wins under numpy;
-    callers write each index once)."""
-    if xp is np:
-        out = out.copy()
-        out[ids] = values
-        return out
-    return out.at[ids].set(values)
 
 
 def structure_numbers(structure: Structure) -> tuple[int, int, int]:
