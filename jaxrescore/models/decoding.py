@@ -379,7 +379,7 @@ class DecodingSession:
             s_out = max(s_in, self._cache_len(int(part_start.max()) + w))
             cache = None
             if pool is not None:
-                rows_in = np.full(b, members[lo][1], np.int32)  # padding rows: a held one
+                rows_in = np.full(b, members[lo][1], np.int64)  # padding rows: a held one
                 rows_in[:m] = [r for _, r, _ in members[lo : lo + m]]
                 cache = self._pools.take(pool, rows_in)
             elif self._pools.host and self._dec.zeros_fresh:  # one program for both kinds of rows
@@ -497,9 +497,10 @@ class DecodingSession:
             self._warn(m * per_row)
             return
         slots = self._pools.store(pool, cache, m, self.max_bytes // per_row + m)
+        held = self._pools.block_bytes(pool, slots)
         flat = [(key, int(slot)) for row_keys, slot in zip(keys, slots) for key in row_keys]
-        self._held.append((pool, slots, flat, self._call, m, m * per_row))
-        self.nbytes += m * per_row
+        self._held.append((pool, slots, flat, self._call, m, held))
+        self.nbytes += held
         self.held_rows += m
         for key, slot in flat:
             if key not in self._where:

@@ -106,14 +106,18 @@ class Speculation(NamedTuple):
         """The paths of prefixes worth at least ``aim``, each cut (and closed with ``eos``) before
         the first token that takes its estimate below ``aim``, as tuples, each once. Without an
         ``eos`` (a fixed-length target) a path is not cut."""
-        out = []
-        for r, n, s, v, tr in zip(self.rows, self.lengths, self.starts, self.values, self.trace):
-            if v < aim:
-                continue
-            below = np.flatnonzero(tr[s:n] < aim) if eos is not None else ()
-            path = r[:n] if not len(below) else np.append(r[: s + below[0]], eos)
-            out.append(tuple(path.tolist()))
-        return list(dict.fromkeys(out))
+        keep = np.flatnonzero(~(self.values < aim))  # a NaN value is kept
+        rows, lengths = self.rows[keep], self.lengths[keep]
+        if eos is not None and keep.size:
+            cols = np.arange(rows.shape[1])[None, :]
+            below = (cols >= self.starts[keep][:, None]) & (cols < lengths[:, None]) & (self.trace[keep] < aim)
+            cut = np.flatnonzero(below.any(axis=1))
+            at = np.argmax(below[cut], axis=1)  # the first token taking the estimate below aim
+            rows = rows.copy()
+            rows[cut, at] = eos
+            lengths = lengths.copy()
+            lengths[cut] = at + 1
+        return list(dict.fromkeys(tuple(r[:n]) for r, n in zip(rows.tolist(), lengths.tolist())))
 
 
 class Completer:
