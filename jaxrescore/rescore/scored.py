@@ -24,6 +24,7 @@ from jaxrescore.models.base import Structure
 from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
+from jaxrescore.rescore.appended import AppendedRows
 from jaxrescore.rescore.frontier import ScoredArrays, _gap, complete
 from jaxrescore.rescore.proof import kth_best, open_floor
 from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
@@ -128,7 +129,8 @@ class ScoredSet:
         self._exact: list[np.ndarray] = []  # per add: bool per row, numbers of a full forward
         self._blocks: list[tuple] = []  # per add: (rows, FrontierScores)
         self._adds: list[int] = []  # per add: its first sequence
-        self._packed: list = []  # per add, built on demand: padded tokens and (width, _padded parts)
+        self._packed: list = []  # per add, built on demand: (padded tokens, lengths, whole)
+        self._appended = None  # ((length, width, m), AppendedRows of the packed adds, adds in it)
         self._cache: ScoredArrays | None = None
         self.calls = 0
         self.sequences = 0
@@ -504,26 +506,21 @@ class ScoredSet:
             views = self._blocks[i][0]  # the rows the target read: the trie is built from them
             batch = from_tuples(views)
             whole = np.array([len(v) == len(q) for v, q in zip(views, self.seqs[self._adds[i] : ends[i]])], bool)
-            self._packed.append([np.where(batch.mask, batch.tokens, -1).astype(np.int64), batch.lengths, None, whole])
+            self._packed.append((np.where(batch.mask, batch.tokens, -1).astype(np.int64), batch.lengths, whole))
         length = max([p[0].shape[1] for p in self._packed] + [1])
-        tokens = np.concatenate([np.zeros((0, length), np.int64)] + [
-            np.pad(p[0], ((0, 0), (0, length - p[0].shape[1])), constant_values=-1) for p in self._packed])
-        lengths = np.concatenate([np.zeros(0, np.int64)] + [p[1].astype(np.int64) for p in self._packed])
-        whole = np.concatenate([np.zeros(0, bool)] + [p[3] for p in self._packed])
         width = max([b[1].steps.shape[1] for b in self._blocks] + [1])
         # a block of only empty views (or whole rows of a small vocabulary) may be narrower
         m = max([b[1].top_lps.shape[2] for b in self._blocks] + [1])
-        parts = []
-        for packed, (_, fs) in zip(self._packed, self._blocks):
-            if packed[2] is None or packed[2][0] != (width, m):  # a wider later block re-pads the rest
-                packed[2] = ((width, m), _padded(fs, width, m))
-            parts.append(packed[2][1])
-        cols = list(zip(*parts)) if parts else [[np.zeros((0, width))],
-                                                 [np.zeros((0, width, m), np.float32)],
-                                                 [np.zeros((0, width, m), np.int32)],
-                                                 [np.zeros((0, width), np.float32)]]
-        steps, top_lps, top_ids, eos_lps = (np.concatenate(c) for c in cols)
-        self._cache = ScoredArrays(tokens, lengths, whole, steps, top_lps, top_ids, eos_lps, *self._row_arrays(length))
+        if self._appended is None or self._appended[0] != (length, width, m):  # a wider block: all again
+            spec = ((length,), (), (), (width,), (width, m), (width, m), (width,))
+            dtypes = (np.int64, np.int64, bool, np.float64, np.float32, np.int32, np.float32)
+            self._appended = ((length, width, m), AppendedRows(spec, dtypes, (-1, 0, False, 0.0, -np.inf, 0, -np.inf)), 0)
+        key, rows, done = self._appended
+        for (toks, lens, whole), (_, fs) in zip(self._packed[done:], self._blocks[done:]):
+            toks = np.pad(toks, ((0, 0), (0, length - toks.shape[1])), constant_values=-1)
+            rows.append((toks, lens, whole, *_padded(fs, width, m)))
+        self._appended = (key, rows, len(self._packed))
+        self._cache = ScoredArrays(*rows.view(), *self._row_arrays(length))
         return self._cache
 
     def _row_arrays(self, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
