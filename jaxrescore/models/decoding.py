@@ -497,10 +497,9 @@ class DecodingSession:
             self._warn(m * per_row)
             return
         slots = self._pools.store(pool, cache, m, self.max_bytes // per_row + m)
-        held = self._pools.block_bytes(pool, slots)
         flat = [(key, int(slot)) for row_keys, slot in zip(keys, slots) for key in row_keys]
-        self._held.append((pool, slots, flat, self._call, m, held))
-        self.nbytes += held
+        self._held.append((pool, slots, flat, self._call, m, m * per_row))
+        self.nbytes += m * per_row
         self.held_rows += m
         for key, slot in flat:
             if key not in self._where:
