@@ -25,7 +25,8 @@ caches): ``session.next_logprobs(prefixes, lengths)`` answers like the model and
 Teacher forcing. ``session.teacher_force(rows, known, top_m)`` returns the ``score_frontier``
 numbers (steps, top-m, eos) of each row's positions from ``known[i]`` on, reduced on device from
 ONE multi-token call per group of rows (the decoder returns logits at every fed position for a
-2-D ``last``); each row feeds only what no held prefix covers, and afterwards every prefix of
+2-D ``last``; on the CPU backend a small vocabulary's rows come whole and the host picks their
+top-m, see :data:`~jaxrescore.models.teacher.HOST_TOP_M_MAX_VOCAB`); each row feeds only what no held prefix covers, and afterwards every prefix of
 what it fed is held (a radix cache over the scored trie; a user's step model keys whole fed
 prefixes only). See :mod:`jaxrescore.models.teacher` for what one call shares.
 ``session.packed_force(rows, top_m)`` is a first call's alternative for the library's networks:
@@ -204,7 +205,7 @@ class DecodingSession:
         """
         batch, known = check_teacher_rows(rows, known, self.vocab_size, self.max_len)
         reduce = frontier_reduce(min(check_top_m(top_m), self.vocab_size), self.vocab_size, self.eos,
-                                 host=jax.default_backend() == "cpu" and self._base.mesh is None)
+                                 host=self._pools.host)  # the device is the host's memory
         out = TeacherOut(batch, known, reduce.top_m, self.eos)
         before = self.positions
         with mesh_context(self._base.mesh):
@@ -423,7 +424,7 @@ class DecodingSession:
         off as a call of its own (CPU only, where a padded position costs what a real one does;
         every call keeps one of :meth:`_call_rows`' shapes, so nothing new compiles)."""
         calls, lo = [], 0
-        split = jax.default_backend() == "cpu" and self._base.mesh is None
+        split = self._pools.host  # the CPU backend, no mesh
         while lo < n:
             m = min(per, n - lo)
             b = self._call_rows(m, per, w)
