@@ -341,12 +341,22 @@ def main(argv: list[str] | None = None) -> int:
         status.clear()
         what = "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated"
         print(f"jaxrescore {args.command}: {what}", file=sys.stderr)
+        _forget_handled_interrupt()
         return INTERRUPTED if isinstance(err, KeyboardInterrupt) else TERMINATED
     finally:
         redelivery.disarm()
         sys.unraisablehook = hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _forget_handled_interrupt() -> None:
+    """CPython (3.11-3.13) remembers a KeyboardInterrupt that escaped an ``exec`` of source text
+    (dataclasses and NamedTuples build their methods that way while jax is imported) even when
+    it was caught afterwards; under ``python -m`` the process then kills itself with SIGINT at
+    exit instead of returning our status. Each ``exec`` of text first clears that memory, so an
+    empty one makes the handled interrupt's status the one the process exits with."""
+    exec("")  # noqa: S102 - an empty program, run for its side effect described above
 
 
 class _Terminated(BaseException):
