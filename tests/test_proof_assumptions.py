@@ -139,3 +139,42 @@ def test_a_prompt_on_an_inferred_vocabulary_before_its_first_call():
     assert r.proven is True and target.vocab_size == 4
     with pytest.raises(ValueError, match="prompt tokens"):
         CallableModel(fn, max_len=3).with_prompt([-1])
+
+
+@pytest.mark.parametrize("bad", ["nan", "positive"])
+def test_a_later_rounds_bad_top_m_is_refused(bad):
+    """The scored set checks each block of rows once, as it is added (the frontier of later
+    rounds then trusts them): a top-m log-prob that is NaN or above 0 in a LATER round's forward
+    is still refused, and the same search without it proves."""
+    table = as_model(TableModel(4, 3, 11))
+    calls = []
+
+    class Later:
+        vocab_size, eos, max_len = 4, None, 3
+
+        def next_logprobs(self, prefixes, lengths):
+            return table.next_logprobs(prefixes, lengths)
+
+        def score_sequences(self, seqs):
+            return table.score_sequences(seqs)
+
+        def score_frontier(self, seqs, *, top_m):
+            fs = table.score_frontier(seqs, top_m=top_m)
+            calls.append(len(calls))
+            if len(calls) < 2 or bad is None:
+                return fs
+            top = np.array(fs.top_lps)
+            top[:, :, -1] = np.nan if bad == "nan" else 1e-3
+            return fs._replace(top_lps=top)
+
+    def search():
+        calls.clear()
+        return RescoredIndex(SeekIndex(as_model(TableModel(4, 3, 12))), Later(), rerank_window=1, top_m=2).top_k(
+            12, prove=True)
+
+    with pytest.raises(ValueError, match="top-m log-prob that is NaN or above 0"):
+        search()
+    assert len(calls) >= 2
+    bad = None
+    r = search()
+    assert r.proven is True and r.rounds >= 2

@@ -290,8 +290,8 @@ def test_exits_listed_above_a_floor_are_the_whole_list_cut_at_it(monkeypatch):
 
     real, seen = frontier_mod.frontier, []
 
-    def compare(s, structure, floor=-math.inf):
-        got = real(s, structure, floor)
+    def compare(s, structure, floor=-math.inf, **checked):
+        got = real(s, structure, floor, **checked)
         if s.tokens.shape[0]:
             _, _, values = frontier_mod.frontier_values(s, np.ones(s.tokens.shape[0], bool),
                                                        *frontier_mod.structure_numbers(structure))

@@ -36,7 +36,8 @@ vocabulary), never from the draft's sequences: the draft's tokens past a cut are
 the target's support.
 
 The assumptions, all of them, about the target (checked at query time by
-:func:`check_assumptions` and :func:`frontier`, or refused):
+:func:`check_assumptions` and :func:`frontier`, or refused; a search's scored set runs the row
+checks, :func:`check_rows`, on each block of rows once, as it adds it):
 
 1. its support is :class:`~jaxrescore.models.base.Structure`: token ids in ``[0, vocab_size)`` (``None``: not known,
    e.g. an inferred vocabulary, then every node keeps its rest exit), sequences of exactly
@@ -137,6 +138,9 @@ class ScoredArrays(NamedTuple):
       row_prefixes: int[R, L], prefixes whose full next-token row was fetched (padded with -1).
       row_lengths: int[R], their lengths (-1: a padding row).
       row_values: float32[R, V], the fetched rows.
+      top_max: float32[N, L] or None: ``top_lps.max(axis=2)`` (NaN where any is), kept by a
+        scored set that grows round by round so its frontier does not reduce every row's
+        ``[L, m]`` names again each round; None: computed from ``top_lps`` where it is read.
     """
 
     tokens: Any
@@ -149,6 +153,7 @@ class ScoredArrays(NamedTuple):
     row_prefixes: Any
     row_lengths: Any
     row_values: Any
+    top_max: Any = None
 
 
 class Exits(NamedTuple):
@@ -333,7 +338,7 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     # the [N, L, m] top-m arrays are reduced before the sort's permutation and read again only
     # where exits are (a copy of them permuted was a fifth of a wide proof's frontier time)
     eos_lps = s.eos_lps[perm][:, :width].astype(np.float64)
-    top_max = xp.max(s.top_lps[:, :width], axis=2)[perm].astype(np.float64)
+    top_max = _top_max(s, xp)[:, :width][perm].astype(np.float64)
     best_top = ops.seg_max(top_max, dseg, size)
     for values in (top_max, eos_lps):
         hi, lo = ops.seg_max(values, dseg, size), ops.seg_min(values, dseg, size)
@@ -469,10 +474,14 @@ class Frontier(NamedTuple):
     moved: float = 0.0
 
 
-def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf) -> Frontier:
+def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf, rows_checked: bool = False) -> Frontier:
     """The frontier bound of a scored set (every row) and its exits worth at least ``floor``, on
-    the host (numpy)."""
-    check_assumptions(s, structure)
+    the host (numpy). ``rows_checked``: every row of ``s`` already passed :func:`check_rows`
+    (a scored set checks each block of rows once, as it is added); the structure is checked
+    here either way."""
+    check_structure(structure)
+    if not rows_checked:
+        check_rows(s, structure)
     if s.tokens.shape[0] == 0:  # nothing scored: the root alone, live
         ex = _root_exits(s, structure)
         return Frontier(float(ex.value.max(initial=-np.inf)), _at_least(ex, floor), 0.0)
@@ -550,6 +559,12 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
     """Raise ValueError when the target's numbers break an assumption of the module docstring
     that can be seen in them: a step or a top-m log-prob above 0 or NaN, a top-m token id outside
     the vocabulary, an impossible support structure."""
+    check_structure(structure)
+    check_rows(s, structure)
+
+
+def check_structure(structure: Structure) -> None:
+    """Raise ValueError for an impossible support structure (see :func:`check_assumptions`)."""
     if not (isinstance(structure.max_len, (int, np.integer)) and structure.max_len >= 1):
         raise ValueError(f"the target's max_len must be an integer >= 1, got {structure.max_len!r}")
     vocab = structure.vocab_size
@@ -557,12 +572,18 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
         raise ValueError(f"the target's vocab_size must be >= 1 or unknown (None), got {vocab!r}")
     if structure.eos is not None and (structure.eos < 0 or vocab is not None and structure.eos >= vocab):
         raise ValueError(f"the target's eos={structure.eos} is not a token id in [0, {vocab})")
+
+
+def check_rows(s: ScoredArrays, structure: Structure) -> None:
+    """Raise ValueError when the rows of ``s`` break an assumption of the module docstring (see
+    :func:`check_assumptions`; the structure itself is :func:`check_structure`'s)."""
+    vocab = structure.vocab_size
     width = s.tokens.shape[1]
     real = np.arange(width)[None, :] < s.lengths[:, None]  # positions with a distribution
     # the [N, L, m] top-m arrays are reduced per position first (no masked copies of them):
     # their max is NaN where any is, and above 0 where any is
     top_lps = s.top_lps[:, :width]
-    top_hi = np.max(top_lps, axis=2) if top_lps.shape[2] else np.zeros(real.shape)
+    top_hi = _top_max(s, np)[:, :width] if top_lps.shape[2] else np.zeros(real.shape)
     for name, arr in (("step", s.steps[:, :width]), ("top-m", top_hi), ("eos", s.eos_lps[:, :width])):
         if not np.all(np.where(real, arr <= 0.0, True)):  # NaN fails this too
             raise ValueError(
@@ -579,6 +600,19 @@ def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
                 f"the target's forward named token {int(ids[r, c, j][named][0])} among a position's "
                 f"top-m, outside its vocabulary [0, {vocab})"
             )
+
+
+def position_top_max(top_lps: np.ndarray) -> np.ndarray:
+    """float32[N, L]: the largest named log-prob at each position of ``top_lps: float32[N, L,
+    m]`` (NaN where any is; ``-inf`` for ``m = 0``): :attr:`ScoredArrays.top_max`."""
+    if top_lps.shape[2] == 0:
+        return np.full(top_lps.shape[:2], -np.inf, np.float32)
+    return np.max(top_lps, axis=2)
+
+
+def _top_max(s: ScoredArrays, xp):
+    """``s.top_max``, or the same reduced from ``s.top_lps`` where ``s`` keeps none."""
+    return xp.max(s.top_lps, axis=2) if s.top_max is None else s.top_max
 
 
 def clears(worst, bound, tolerance, xp=np):

@@ -27,7 +27,7 @@ import numpy as np
 from jaxrescore.rescore.frontier import (
     Frontier,
     ScoredArrays,
-    check_assumptions,
+    check_structure,
     clears,
     frontier,
     frontier_values,
@@ -107,7 +107,7 @@ def check_proof(scored, n: int, start: int, k: int) -> tuple[Proof, Frontier | N
     if not scored.proves:
         return NO_DISTRIBUTIONS, None
     worst = kth_best(scored.target_lps[:n], start + k - 1)
-    front = frontier(scored.arrays(n), scored.structure, floor=open_floor(worst, scored.tolerance))
+    front = frontier(scored.arrays(n), scored.structure, floor=open_floor(worst, scored.tolerance), rows_checked=True)
     proven = bool(proof_verdict(worst, start, front.bound, front.moved, scored.tolerance, np))
     proof = explain(proven, front.bound, front.moved, worst, n, start, k, scored.tolerance)
     return on_cache(proof, scored, n, start + k - 1), front
@@ -153,14 +153,14 @@ def padded(s: ScoredArrays, rows: int, width: int) -> ScoredArrays:
         pad(s.top_ids[:, :length], (rows, width, m), 0), pad(s.eos_lps[:, :length], (rows, width), -np.inf),
         pad(s.row_prefixes, (r_to, width), -1), pad(s.row_lengths, (r_to,), -1),
         pad(s.row_values, (r_to, v_to), -np.inf),
+        None if s.top_max is None else pad(s.top_max[:, :length], (rows, width), -np.inf),
     )
 
 
 def frontier_bounds(scored, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """``(bound float64[Q], moved float64[Q])``: the frontier of the first ``rows[q]`` sequences of
     ``scored`` for every ``q``, computed once per distinct row count (a proving sweep: once)."""
-    s = scored.arrays()
-    check_assumptions(s, scored.structure)
+    check_structure(scored.structure)  # the rows: checked as the scored set added them
     numbers = structure_numbers(scored.structure)
     at = {}
     for r in sorted(set(rows)):

@@ -25,11 +25,14 @@ from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.appended import AppendedRows
-from jaxrescore.rescore.frontier import ScoredArrays, _gap, complete
+from jaxrescore.rescore.frontier import ScoredArrays, _gap, check_rows, complete, position_top_max
 from jaxrescore.rescore.proof import kth_best, open_floor
 from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
 from jaxrescore.sequences import from_tuples
+
+# the fields of ScoredArrays with one entry per scored row (the fetched rows' fields are not)
+_ROW_FIELDS = ("tokens", "lengths", "whole", "steps", "top_lps", "top_ids", "eos_lps", "top_max")
 
 
 def checked_scores(raw: Any, seqs: list, tolerance: float = 0.0) -> np.ndarray:
@@ -496,7 +499,7 @@ class ScoredSet:
         full = self._arrays()
         if n is None or n >= len(self.seqs):
             return full
-        return ScoredArrays(*(a[:n] for a in full[:7]), *full[7:])
+        return full._replace(**{f: getattr(full, f)[:n] for f in _ROW_FIELDS})
 
     def _arrays(self) -> ScoredArrays:
         if self._cache is not None:
@@ -512,15 +515,24 @@ class ScoredSet:
         # a block of only empty views (or whole rows of a small vocabulary) may be narrower
         m = max([b[1].top_lps.shape[2] for b in self._blocks] + [1])
         if self._appended is None or self._appended[0] != (length, width, m):  # a wider block: all again
-            spec = ((length,), (), (), (width,), (width, m), (width, m), (width,))
-            dtypes = (np.int64, np.int64, bool, np.float64, np.float32, np.int32, np.float32)
-            self._appended = ((length, width, m), AppendedRows(spec, dtypes, (-1, 0, False, 0.0, -np.inf, 0, -np.inf)), 0)
+            spec = ((length,), (), (), (width,), (width, m), (width, m), (width,), (width,))
+            dtypes = (np.int64, np.int64, bool, np.float64, np.float32, np.int32, np.float32, np.float32)
+            fills = (-1, 0, False, 0.0, -np.inf, 0, -np.inf, -np.inf)
+            self._appended = ((length, width, m), AppendedRows(spec, dtypes, fills), 0)
         key, rows, done = self._appended
+        blocks = []
         for (toks, lens, whole), (_, fs) in zip(self._packed[done:], self._blocks[done:]):
             toks = np.pad(toks, ((0, 0), (0, length - toks.shape[1])), constant_values=-1)
-            rows.append((toks, lens, whole, *_padded(fs, width, m)))
+            cols = (toks, lens, whole, *_padded(fs, width, m))
+            block = ScoredArrays(*cols, None, None, None, position_top_max(cols[4]))
+            # each row is checked once, as it is appended (rows never change): the frontier of
+            # every later round reads only checked rows (frontier(..., rows_checked=True))
+            check_rows(block, self.structure)
+            blocks.append(block)
+        for block in blocks:  # all checked first: a refused block leaves the buffers as they were
+            rows.append(tuple(getattr(block, f) for f in _ROW_FIELDS))
         self._appended = (key, rows, len(self._packed))
-        self._cache = ScoredArrays(*rows.view(), *self._row_arrays(length))
+        self._cache = ScoredArrays(*rows.view()[:7], *self._row_arrays(length), rows.view()[7])
         return self._cache
 
     def _row_arrays(self, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
