@@ -517,8 +517,7 @@ class ScoredSet:
         if self._appended is None or self._appended[0] != (length, width, m):  # a wider block: all again
             spec = ((length,), (), (), (width,), (width, m), (width, m), (width,), (width,))
             dtypes = (np.int64, np.int64, bool, np.float64, np.float32, np.int32, np.float32, np.float32)
-            fills = (-1, 0, False, 0.0, -np.inf, 0, -np.inf, -np.inf)
-            self._appended = ((length, width, m), AppendedRows(spec, dtypes, fills), 0)
+            self._appended = ((length, width, m), AppendedRows(spec, dtypes), 0)
         key, rows, done = self._appended
         blocks = []
         for (toks, lens, whole), (_, fs) in zip(self._packed[done:], self._blocks[done:]):

@@ -334,16 +334,19 @@ def _open_prefixes(scored: ScoredSet, front: Frontier, start: int, k: int, limit
     is_open = ~clears(worst, ex.value, scored.tolerance)
     order = np.argsort(-ex.value[is_open], kind="stable")
     seq, depth, token = (a[is_open][order] for a in (ex.seq, ex.depth, ex.token))
-    arrays = scored.arrays()
+    tokens = scored.arrays().tokens
 
-    def prefix(e):
-        return tuple(int(t) for t in arrays.tokens[seq[e], : depth[e]]) if seq[e] >= 0 else ()
+    def prefixes(at):  # the prefixes of exits ``at``: rows read as Python ints in one go
+        rows = tokens[np.maximum(seq[at], 0)].tolist()
+        return [tuple(row[:d]) if s >= 0 else () for row, d, s in zip(rows, depth[at].tolist(), seq[at].tolist())]
 
     value = ex.value[is_open][order]
     rest: dict = {}  # node -> its best open "rest" exit's value (the first seen: likeliest first)
-    for e in np.flatnonzero(token == REST).tolist():
-        rest.setdefault(prefix(e), float(value[e]))
+    at_rest = np.flatnonzero(token == REST)
+    for p, v in zip(prefixes(at_rest), value[at_rest].tolist()):
+        rest.setdefault(p, v)
     # A COMPLETE exit is its prefix itself, a whole sequence: its completion is itself.
     named = np.flatnonzero(token != REST)
     best = named[: max(limit, 0)]
-    return [prefix(e) + ((int(token[e]),) if token[e] != COMPLETE else ()) for e in best], value[best], rest, named.size
+    return ([p + ((t,) if t != COMPLETE else ()) for p, t in zip(prefixes(best), token[best].tolist())],
+            value[best], rest, named.size)
