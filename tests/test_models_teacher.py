@@ -182,3 +182,34 @@ def test_a_step_model_keys_only_whole_fed_prefixes():
     assert check(m, s, [(1, 2, 3, 0), (2, 1, 0)], [0, 0], 2) == 3 + 2
     assert check(m, s, [(1, 2, 3, 1, 0)], [4], 2) == 1  # (1, 2, 3) held: feeds (1,)
     assert check(m, s, [(1, 2, 2, 0)], [3], 4) == 3  # (1, 2) is not held by itself: from the context
+
+
+def test_the_host_top_m_names_each_read_positions_largest_values():
+    """On the CPU backend teacher forcing ships whole rows and the host picks the top-m
+    (FrontierReduce.on_host): at each position a row fed, the m largest values (descending) with
+    ids naming them, ties included; positions past a row's fed tokens are never read and name
+    nothing."""
+    from jaxrescore.models.scores import host_top_m
+    from jaxrescore.models.teacher import FrontierReduce
+
+    rng = np.random.default_rng(3)
+    lp = np.round(rng.standard_normal((5, 4, 9)), 1).astype(np.float32)  # rounded: many ties
+    lp[0, 0, :] = -np.inf
+    fed = np.array([4, 1, 0, 3, 2])
+    reduce = FrontierReduce(top_m=3, eos=None, full=False, host=True)
+    steps, extra, eos_lps = np.zeros((5, 4)), np.zeros(2), np.zeros((5, 4))
+    out = reduce.on_host((steps, extra, lp, np.zeros(1, np.int32), eos_lps), fed)
+    assert out[0] is steps and out[1] is extra and out[4] is eos_lps
+    top_lps, top_ids = out[2], out[3]
+    for r in range(5):
+        for c in range(4):
+            if c >= fed[r]:
+                assert np.all(top_lps[r, c] == -np.inf)
+                continue
+            want = np.sort(lp[r, c])[::-1][:3]
+            np.testing.assert_array_equal(top_lps[r, c], want)
+            np.testing.assert_array_equal(lp[r, c][top_ids[r, c]], want)
+            named = top_ids[r, c][np.isfinite(want)].tolist()  # -inf names id 0 (padding)
+            assert len(set(named)) == len(named)
+    vals, ids = host_top_m(lp[1, :1], 12)  # m >= V: the whole row, padded
+    assert vals.shape == (1, 12) and np.array_equal(vals[0, :9], lp[1, 0]) and np.all(vals[0, 9:] == -np.inf)

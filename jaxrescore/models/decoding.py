@@ -291,7 +291,7 @@ class DecodingSession:
         fed = np.zeros(batch.size, np.int64)
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
             fed[part] += lens[part] - 1 - starts
-            host = reduce.on_host(tuple(to_host(x) for x in dev), part.size)
+            host = reduce.on_host(tuple(to_host(x) for x in dev), lens[part] - 1 - starts)
             who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
             out.fill([i for i, _, _ in who], np.array([k for _, k, _ in who]), np.array([s for _, _, s in who]), host, at)
         return fed

@@ -168,7 +168,7 @@ def host_top_m(rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.zeros((b, m), np.int32)
         ids[:, :v] = np.arange(v)
         return vals, ids
-    part = np.argpartition(-rows, m - 1, axis=1)[:, :m]  # O(V) per row, then sort only the m kept
+    part = np.argpartition(rows, v - m, axis=1)[:, v - m :]  # O(V) per row, then sort only the m kept
     ids = np.take_along_axis(part, np.argsort(-np.take_along_axis(rows, part, axis=1), axis=1), axis=1)
     vals = np.take_along_axis(rows, ids, axis=1).astype(np.float32)
     ids = ids.astype(np.int32)

@@ -125,16 +125,21 @@ class FrontierReduce:
         top_lps, top_ids = jax.lax.top_k(lp, self.top_m)
         return steps, extra, top_lps, top_ids.astype(jnp.int32), eos_lps
 
-    def on_host(self, out: tuple, rows: int) -> tuple:
-        """``out`` (a call's results on the host) with the top-m of its first ``rows`` rows
-        picked here when the device shipped whole rows for it (``host``), as ``lax.top_k`` would
-        (descending; ties may name other ids of the same value)."""
+    def on_host(self, out: tuple, fed: np.ndarray) -> tuple:
+        """``out`` (a call's results on the host) with the top-m picked here when the device
+        shipped whole rows for it (``host``), as ``lax.top_k`` would (descending; ties may name
+        other ids of the same value), at the positions read: the first ``fed[r]`` of call row
+        ``r`` (``fed: int[R]``, the call's real rows); the others keep no names (``-inf``)."""
         if not self.host:
             return out
         steps, extra, lp, _, eos_lps = out
-        _, w, v = lp.shape
-        vals, ids = host_top_m(lp[:rows].reshape(rows * w, v), self.top_m)
-        return steps, extra, vals.reshape(rows, w, -1), ids.reshape(rows, w, -1), eos_lps
+        rows, w = fed.size, lp.shape[1]
+        r, c = np.nonzero(np.arange(w)[None, :] < fed[:, None])  # a call's width pads most rows
+        vals, ids = host_top_m(lp[r, c], self.top_m)
+        top_lps = np.full((rows, w, vals.shape[1]), -np.inf, np.float32)
+        top_ids = np.zeros((rows, w, vals.shape[1]), np.int32)
+        top_lps[r, c], top_ids[r, c] = vals, ids
+        return steps, extra, top_lps, top_ids, eos_lps
 
 
 def frontier_reduce(top_m: int, vocab_size: int, eos: int | None, host: bool = False) -> FrontierReduce:
