@@ -578,6 +578,8 @@ def _padded(fs: FrontierScores, width: int, m: int):
     named tokens: a narrower block (an inferred vocabulary that grew, a block of empty views)
     repeats its last named token, so its smallest named value, which bounds every token it does
     not name, stays what its forward said."""
+    if fs.steps.shape[1] == width and fs.top_lps.shape[2] == m:  # most blocks: nothing to copy
+        return fs.steps, fs.top_lps, fs.top_ids, fs.eos_lps
     pad, pad_m = width - fs.steps.shape[1], ((0, 0), (0, 0), (0, m - fs.top_lps.shape[2]))
     steps = np.pad(fs.steps, ((0, 0), (0, pad)))
     top_lps = np.pad(np.pad(fs.top_lps, pad_m, mode="edge"), ((0, 0), (0, pad), (0, 0)), constant_values=-np.inf)
