@@ -1,6 +1,7 @@
 """Incremental decoding (key/value caches): cached rows equal full forwards to float32 noise, and
 level-by-level callers pay one token position per prefix whose parent's cache is held."""
 
+import collections
 import warnings
 
 import jax
@@ -317,6 +318,8 @@ def test_rows_held_by_many_calls_extend_in_one_call_each_width():
             got = small.next_logprobs(paths[part, :d], np.full(part.size, d, np.int32))
             np.testing.assert_allclose(got, m.next_logprobs(paths[part, :d], np.full(part.size, d, np.int32)), atol=ATOL)
     assert small.nbytes <= small.max_bytes and small.extended == 12 * 3  # every parent was still held
+    for session in (s, small):  # the held lengths count exactly the keys held, after evictions too
+        assert session._lengths == collections.Counter(len(key) // 4 for key in session._where)
     assert small._pools.capacity_bytes() <= 64 * per_row  # the pool of 40 rows: 64 slots at most
 
 
