@@ -517,12 +517,13 @@ class ScoredSet:
         if self._appended is None or self._appended[0] != (length, width, m):  # a wider block: all again
             spec = ((length,), (), (), (width,), (width, m), (width, m), (width,), (width,))
             dtypes = (np.int64, np.int64, bool, np.float64, np.float32, np.int32, np.float32, np.float32)
-            self._appended = ((length, width, m), AppendedRows(spec, dtypes), 0)
+            # past a block's own width: padding tokens, no distribution (the fill of each column)
+            fills = (-1, 0, False, 0.0, -np.inf, 0, -np.inf, -np.inf)
+            self._appended = ((length, width, m), AppendedRows(spec, dtypes, fills), 0)
         key, rows, done = self._appended
         blocks = []
         for (toks, lens, whole), (_, fs) in zip(self._packed[done:], self._blocks[done:]):
-            toks = np.pad(toks, ((0, 0), (0, length - toks.shape[1])), constant_values=-1)
-            cols = (toks, lens, whole, *_padded(fs, width, m))
+            cols = (toks, lens, whole, *_named(fs, m))
             block = ScoredArrays(*cols, None, None, None, position_top_max(cols[4]))
             # each row is checked once, as it is appended (rows never change): the frontier of
             # every later round reads only checked rows (frontier(..., rows_checked=True))
@@ -573,19 +574,15 @@ def cache_drift(s: ScoredArrays, rows: np.ndarray, fs: FrontierScores) -> np.nda
     return np.max(parts, axis=0)
 
 
-def _padded(fs: FrontierScores, width: int, m: int):
-    """One block's arrays widened to ``width`` positions (padding: no distribution) and ``m``
-    named tokens: a narrower block (an inferred vocabulary that grew, a block of empty views)
-    repeats its last named token, so its smallest named value, which bounds every token it does
-    not name, stays what its forward said."""
-    if fs.steps.shape[1] == width and fs.top_lps.shape[2] == m:  # most blocks: nothing to copy
+def _named(fs: FrontierScores, m: int):
+    """One block's per-position arrays with ``m`` named tokens (its positions as they are: the
+    buffers pad a narrower block): a block naming fewer (an inferred vocabulary that grew, a
+    block of empty views) repeats its last named token, so its smallest named value, which
+    bounds every token it does not name, stays what its forward said."""
+    if fs.top_lps.shape[2] == m:  # most blocks: nothing to copy
         return fs.steps, fs.top_lps, fs.top_ids, fs.eos_lps
-    pad, pad_m = width - fs.steps.shape[1], ((0, 0), (0, 0), (0, m - fs.top_lps.shape[2]))
-    steps = np.pad(fs.steps, ((0, 0), (0, pad)))
-    top_lps = np.pad(np.pad(fs.top_lps, pad_m, mode="edge"), ((0, 0), (0, pad), (0, 0)), constant_values=-np.inf)
-    top_ids = np.pad(np.pad(fs.top_ids, pad_m, mode="edge"), ((0, 0), (0, pad), (0, 0)))
-    eos_lps = np.pad(fs.eos_lps, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return steps, top_lps, top_ids, eos_lps
+    pad_m = ((0, 0), (0, 0), (0, m - fs.top_lps.shape[2]))
+    return fs.steps, np.pad(fs.top_lps, pad_m, mode="edge"), np.pad(fs.top_ids, pad_m, mode="edge"), fs.eos_lps
 
 
 def nan_to_none(value: float) -> float | None:
