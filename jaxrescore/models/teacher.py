@@ -177,21 +177,26 @@ class TeacherOut:
     def fill(self, readers, b: np.ndarray, start: np.ndarray, out, extra_at: dict) -> None:
         """Rows ``readers[k]`` read the outputs of call row ``b[k]`` fed from index ``start[k]``
         (``out``: the host arrays of :class:`FrontierReduce`); a reader's last step is
-        ``out[1][extra_at[reader]]`` when it is listed there (a derived row)."""
+        ``out[1][extra_at[reader]]`` when it is listed there (a derived row). One gather per
+        array over every (reader, position) pair: positions ``max(known, 1) - 1 .. len - 2`` of
+        the reader, columns ``- start`` of its call row."""
         steps, extra, top_lps, top_ids, eos_lps = out
-        full = top_ids.ndim == 1
-        for i, bi, s in zip(readers, b.tolist(), start.tolist()):
-            first = max(int(self.known[i]), 1)
-            last = int(self.lens[i]) - 1
-            cols = slice(first - 1 - s, last - s)
-            dst = slice(first - int(self.known[i]), last + 1 - int(self.known[i]))
-            self.steps[i, dst] = steps[bi, cols]
-            self.top_lps[i, dst] = top_lps[bi, cols]
-            self.top_ids[i, dst] = np.arange(top_lps.shape[-1], dtype=np.int32) if full else top_ids[bi, cols]
-            if self.eos is not None:
-                self.eos_lps[i, dst] = eos_lps[bi, cols]
-            if i in extra_at:
-                self.steps[i, dst.stop - 1] = extra[extra_at[i]]
+        readers = np.asarray(readers, np.int64)
+        first = np.maximum(self.known[readers], 1)
+        count = self.lens[readers] - first  # positions each reader reads
+        k = np.repeat(np.arange(readers.size), count)
+        off = np.arange(k.size) - np.repeat(np.cumsum(count) - count, count)
+        row, col = readers[k], (first - self.known[readers])[k] + off
+        src_row, src_col = np.asarray(b, np.int64)[k], (first - 1 - np.asarray(start, np.int64))[k] + off
+        self.steps[row, col] = steps[src_row, src_col]
+        self.top_lps[row, col] = top_lps[src_row, src_col]
+        full = top_ids.ndim == 1  # whole rows: the ids are the positions in the row
+        self.top_ids[row, col] = np.arange(top_lps.shape[-1], dtype=np.int32) if full else top_ids[src_row, src_col]
+        if self.eos is not None:
+            self.eos_lps[row, col] = eos_lps[src_row, src_col]
+        if extra_at:
+            derived = np.fromiter(extra_at, np.int64, len(extra_at))
+            self.steps[derived, self.lens[derived] - 1 - self.known[derived]] = extra[list(extra_at.values())]
 
     def result(self) -> FrontierScores:
         """The filled arrays as clipped, masked :class:`FrontierScores`."""
