@@ -292,8 +292,9 @@ class DecodingSession:
         for (part, starts, dev), at in zip((c for calls in pending for c in calls), extra_at):
             fed[part] += lens[part] - 1 - starts
             host = reduce.on_host(tuple(to_host(x) for x in dev), lens[part] - 1 - starts)
-            who = [(i, k, s) for k, (rep, s) in enumerate(zip(part.tolist(), starts.tolist())) for i in readers[rep]]
-            out.fill([i for i, _, _ in who], np.array([k for _, k, _ in who]), np.array([s for _, _, s in who]), host, at)
+            mine = [readers[rep] for rep in part.tolist()]  # each call row's readers
+            k = np.repeat(np.arange(part.size), [len(r) for r in mine])
+            out.fill([i for r in mine for i in r], k, starts[k], host, at)
         return fed
 
     def _begin(self):
