@@ -21,6 +21,15 @@ def bucket_size(n: int, minimum: int = 8) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def ragged_positions(counts) -> tuple[np.ndarray, np.ndarray]:
+    """``(owner int64[P], offset int64[P])``: ``counts[i]`` consecutive positions ``0 ..
+    counts[i] - 1`` for each ``i`` (``P = sum(counts)``), so ragged per-row copies are one
+    fancy-indexed assignment instead of a Python loop over rows."""
+    counts = np.maximum(np.asarray(counts, np.int64), 0)
+    owner = np.repeat(np.arange(counts.size), counts)
+    return owner, np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 class SequenceBatch(NamedTuple):
     """A batch of token sequences (a JAX pytree, being a NamedTuple).
 

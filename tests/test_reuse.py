@@ -225,3 +225,51 @@ def test_a_packed_first_call_keeps_the_drift_check(bias):
     else:
         assert r.proven is True
         assert [lp for _, lp in r.items] == pytest.approx(sorted(truth.values(), reverse=True)[:5], abs=1e-5)
+
+
+def test_assembled_rows_copy_each_position_from_where_the_plan_says():
+    """``assemble`` against a row-by-row reading of its contract, on random plans: positions
+    below a row's deepest held prefix (and its distribution) come from the source row, the named
+    step out of it where the plan found one, every position from ``known`` on from the fresh
+    forward (left-aligned), narrower top-m arrays widened by their smallest named entry."""
+    from jaxrescore.models.scores import FrontierScores
+    from jaxrescore.rescore.frontier import ScoredArrays
+    from jaxrescore.rescore.reuse import Reused, assemble
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        n, w, m, m_fresh = int(rng.integers(1, 9)), 6, 3, int(rng.integers(1, 4))
+        views = [tuple(rng.integers(0, 5, int(rng.integers(0, w + 1)))) for _ in range(n)]
+        lens = np.array([len(v) for v in views])
+        src = np.where(rng.random(n) < 0.6, rng.integers(0, 4, n), -1)
+        depth = np.where(src >= 0, [int(rng.integers(0, max(len(v), 1))) for v in views], -1)
+        depth = np.minimum(depth, np.maximum(lens - 1, -1))
+        src = np.where(depth >= 0, src, -1)
+        named = np.where((src >= 0) & (rng.random(n) < 0.5), -rng.random(n), np.nan)
+        known = np.where(src >= 0, depth + ~np.isnan(named), 0)
+        s = ScoredArrays(None, None, None, -rng.random((4, w)), -rng.random((4, w, m)).astype(np.float32),
+                         rng.integers(0, 9, (4, w, m)).astype(np.int32), -rng.random((4, w)).astype(np.float32),
+                         None, None, None)
+        fw = max(int((lens - known).max(initial=0)), 1)
+        fresh = FrontierScores(None, -rng.random((n, fw)), -rng.random((n, fw, m_fresh)).astype(np.float32),
+                               rng.integers(0, 9, (n, fw, m_fresh)).astype(np.int32), -rng.random((n, fw)).astype(np.float32))
+        got = assemble(views, Reused(known, depth, src, named), s, fresh)
+        for r, v in enumerate(views):
+            want_steps = np.zeros(got.steps.shape[1])
+            for j in range(len(v)):
+                if j >= known[r]:
+                    want_steps[j] = fresh.steps[r, j - known[r]]
+                    top = fresh.top_lps[r, j - known[r]]
+                    ids = fresh.top_ids[r, j - known[r]]
+                    eos = fresh.eos_lps[r, j - known[r]]
+                else:  # j <= depth: held
+                    want_steps[j] = s.steps[src[r], j] if j < depth[r] else named[r]
+                    top, ids, eos = s.top_lps[src[r], j], s.top_ids[src[r], j], s.eos_lps[src[r], j]
+                top = np.concatenate([top, np.repeat(top[-1:], m - top.size)])
+                ids = np.concatenate([ids, np.repeat(ids[-1:], m - ids.size)])
+                np.testing.assert_array_equal(got.top_lps[r, j], top, err_msg=f"{trial} {r} {j}")
+                np.testing.assert_array_equal(got.top_ids[r, j], ids)
+                assert got.eos_lps[r, j] == eos
+            assert np.all(got.top_lps[r, len(v):] == -np.inf) and np.all(got.eos_lps[r, len(v):] == -np.inf)
+            np.testing.assert_array_equal(got.steps[r], want_steps)
+            assert got.scores[r] == want_steps.sum()

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxrescore.models.checks import check_tokens
 from jaxrescore.models.scores import FULL_ROWS_MAX_VOCAB, FrontierScores, host_top_m
-from jaxrescore.sequences import SequenceBatch, as_sequence_batch
+from jaxrescore.sequences import SequenceBatch, as_sequence_batch, ragged_positions
 
 
 class TeacherForced(NamedTuple):
@@ -183,9 +183,7 @@ class TeacherOut:
         steps, extra, top_lps, top_ids, eos_lps = out
         readers = np.asarray(readers, np.int64)
         first = np.maximum(self.known[readers], 1)
-        count = self.lens[readers] - first  # positions each reader reads
-        k = np.repeat(np.arange(readers.size), count)
-        off = np.arange(k.size) - np.repeat(np.cumsum(count) - count, count)
+        k, off = ragged_positions(self.lens[readers] - first)  # the positions each reader reads
         row, col = readers[k], (first - self.known[readers])[k] + off
         src_row, src_col = np.asarray(b, np.int64)[k], (first - 1 - np.asarray(start, np.int64))[k] + off
         self.steps[row, col] = steps[src_row, src_col]

@@ -37,6 +37,7 @@ import numpy as np
 from jaxrescore.models import scores
 from jaxrescore.models.scores import FrontierScores
 from jaxrescore.rescore.frontier import ScoredArrays
+from jaxrescore.sequences import ragged_positions
 
 
 class KnownPrefixes:
@@ -129,35 +130,38 @@ def _named_step(s: ScoredArrays, row: int, pos: int, token: int, full_row, eos: 
 def assemble(views: list, reused: Reused, s: ScoredArrays | None, fresh: FrontierScores | None) -> FrontierScores:
     """The full per-position arrays of the new ``views``: known positions copied from
     ``s`` (``reused``), the rest from ``fresh`` (positions ``known[i]..`` of row ``i``,
-    left-aligned; None when nothing was computed). Scores are the sums of the steps."""
+    left-aligned; None when nothing was computed). Scores are the sums of the steps. Each kind
+    of copy is one gather over every row's positions."""
     n = len(views)
     m = max([a.top_lps.shape[2] for a in (s, fresh) if a is not None] + [1])
-    width = max([len(v) for v in views] + [1])
+    lens = np.array([len(v) for v in views], np.int64)
+    width = int(lens.max(initial=1))
     steps = np.zeros((n, width))
     top_lps = np.full((n, width, m), -np.inf, np.float32)
     top_ids = np.zeros((n, width, m), np.int32)
     eos_lps = np.full((n, width), -np.inf, np.float32)
-    for r, v in enumerate(views):
-        k, row, pos = int(reused.known[r]), int(reused.src_row[r]), int(reused.depth[r])
-        if row >= 0:  # positions 0..pos of the source row are this row's own prefixes
-            copy = min(k, pos + 1)
-            steps[r, :pos] = s.steps[row, :pos]
-            top_lps[r, :copy] = _widen(s.top_lps[row, :copy], m)
-            top_ids[r, :copy] = _widen(s.top_ids[row, :copy], m)
-            eos_lps[r, :copy] = s.eos_lps[row, :copy]
-            if k > pos:
-                steps[r, pos] = reused.named_step[r]
-        new = len(v) - k
-        if new > 0:
-            steps[r, k : len(v)] = fresh.steps[r, :new]
-            top_lps[r, k : len(v)] = _widen(fresh.top_lps[r, :new], m)
-            top_ids[r, k : len(v)] = _widen(fresh.top_ids[r, :new], m)
-            eos_lps[r, k : len(v)] = fresh.eos_lps[r, :new]
+    k, src, depth = reused.known, reused.src_row, reused.depth
+    held = src >= 0
+    if held.any():  # positions 0..depth of the source row are this row's own prefixes
+        r, p = ragged_positions(np.where(held, depth, 0))  # the steps into them
+        steps[r, p] = s.steps[src[r], p]
+        r, p = ragged_positions(np.where(held, np.minimum(k, depth + 1), 0))  # their distributions
+        top_lps[r, p] = _widen(s.top_lps[src[r], p], m)
+        top_ids[r, p] = _widen(s.top_ids[src[r], p], m)
+        eos_lps[r, p] = s.eos_lps[src[r], p]
+        named = np.flatnonzero(held & (k > depth))  # the step out of the deepest held prefix
+        steps[named, depth[named]] = reused.named_step[named]
+    r, p = ragged_positions(lens - k)  # computed: fresh row r's positions 0.. are its k[r]..
+    if r.size:
+        steps[r, k[r] + p] = fresh.steps[r, p]
+        top_lps[r, k[r] + p] = _widen(fresh.top_lps[r, p], m)
+        top_ids[r, k[r] + p] = _widen(fresh.top_ids[r, p], m)
+        eos_lps[r, k[r] + p] = fresh.eos_lps[r, p]
     return FrontierScores(steps.sum(axis=1), steps, top_lps, top_ids, eos_lps)
 
 
 def _widen(named: np.ndarray, m: int) -> np.ndarray:
-    """``named: [W, m0]`` top-m values or ids widened to ``m`` by repeating the last (smallest)
+    """``named: [P, m0]`` top-m values or ids widened to ``m`` by repeating the last (smallest)
     one: what a narrower forward left unnamed stays bounded by its smallest named value."""
     return np.pad(named, ((0, 0), (0, m - named.shape[1])), mode="edge") if named.shape[1] < m else named
 
