@@ -97,13 +97,19 @@ class Reused(NamedTuple):
 def plan(views: list, prefixes: KnownPrefixes, s: ScoredArrays, fetched: dict, eos: int | None) -> Reused:
     """How much of each new view is known (see the module docstring)."""
     out = nothing_known(len(views))
-    for r, v in enumerate(views):
-        i, row = prefixes.deepest(v)
-        if i < 0:
-            continue
-        step = _named_step(s, row, i, v[i], fetched.get(v[:i]), eos)
-        out.depth[r], out.src_row[r], out.named_step[r] = i, row, step
-        out.known[r] = i if np.isnan(step) else i + 1
+    found = [(r, *prefixes.deepest(v)) for r, v in enumerate(views)]
+    found = [f for f in found if f[1] >= 0]
+    if not found:
+        return out
+    r, depth, row = (np.array(col, np.int64) for col in zip(*found))
+    token = np.array([views[a][d] for a, d in zip(r.tolist(), depth.tolist())], np.int64)
+    step = _named_steps(s, row, depth, token, eos)
+    for n in range(r.size) if fetched else ():  # a fetched full row names every token
+        full_row = fetched.get(views[r[n]][: depth[n]])
+        if full_row is not None and token[n] < full_row.size:
+            step[n] = full_row[token[n]]
+    out.depth[r], out.src_row[r], out.named_step[r] = depth, row, step
+    out.known[r] = np.where(np.isnan(step), depth, depth + 1)
     return out
 
 
@@ -112,19 +118,16 @@ def nothing_known(n: int) -> Reused:
     return Reused(np.zeros(n, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, np.nan))
 
 
-def _named_step(s: ScoredArrays, row: int, pos: int, token: int, full_row, eos: int | None) -> float:
-    """``log p(token | prefix)`` from what the set holds of the prefix's distribution (at
-    ``(row, pos)``, or its fetched full row), NaN when the token is not named there."""
-    if full_row is not None and token < full_row.size:
-        return float(full_row[token])
-    if eos is not None and token == eos:
-        return float(s.eos_lps[row, pos])
-    hit = np.flatnonzero(s.top_ids[row, pos] == token)
-    if hit.size:
-        value = float(s.top_lps[row, pos, hit[0]])
-        if value > -np.inf:  # a padding entry (id 0 at -inf) names nothing
-            return value
-    return np.nan
+def _named_steps(s: ScoredArrays, row: np.ndarray, pos: np.ndarray, token: np.ndarray, eos: int | None) -> np.ndarray:
+    """float64[R]: ``log p(token[i] | prefix)`` from the distribution the set holds at ``(row[i],
+    pos[i])``: its eos log-prob for ``eos``, else the token's top-m entry, NaN where the top-m
+    does not name it (a padding entry, id 0 at -inf, names nothing)."""
+    hit = s.top_ids[row, pos] == token[:, None]
+    value = s.top_lps[row, pos, np.argmax(hit, axis=1)].astype(np.float64)
+    value = np.where(hit.any(axis=1) & (value > -np.inf), value, np.nan)
+    if eos is not None:
+        value = np.where(token == eos, s.eos_lps[row, pos], value)
+    return value
 
 
 def assemble(views: list, reused: Reused, s: ScoredArrays | None, fresh: FrontierScores | None) -> FrontierScores:
