@@ -36,8 +36,8 @@ vocabulary), never from the draft's sequences: the draft's tokens past a cut are
 the target's support.
 
 The assumptions, all of them, about the target (checked at query time by
-:func:`check_assumptions` and :func:`frontier`, or refused; a search's scored set runs the row
-checks, :func:`check_rows`, on each block of rows once, as it adds it):
+:mod:`jaxrescore.rescore.assumptions` and :func:`frontier`, or refused; a search's scored set runs
+the row checks on each block of rows once, as it adds it):
 
 1. its support is :class:`~jaxrescore.models.base.Structure`: token ids in ``[0, vocab_size)`` (``None``: not known,
    e.g. an inferred vocabulary, then every node keeps its rest exit), sequences of exactly
@@ -86,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrescore.models.base import Structure
+from jaxrescore.rescore.assumptions import check_rows, check_structure, top_max_of
 
 REST = -1
 """Token id of an exit standing for every token outside a node's known top-m."""
@@ -338,7 +339,7 @@ def frontier_values(s: ScoredArrays, valid, vocab, eos, max_len, ops: _Ops = _NP
     # the [N, L, m] top-m arrays are reduced before the sort's permutation and read again only
     # where exits are (a copy of them permuted was a fifth of a wide proof's frontier time)
     eos_lps = s.eos_lps[perm][:, :width].astype(np.float64)
-    top_max = _top_max(s, xp)[:, :width][perm].astype(np.float64)
+    top_max = top_max_of(s, xp)[:, :width][perm].astype(np.float64)
     best_top = ops.seg_max(top_max, dseg, size)
     for values in (top_max, eos_lps):
         hi, lo = ops.seg_max(values, dseg, size), ops.seg_min(values, dseg, size)
@@ -455,7 +456,7 @@ def structure_numbers(structure: Structure) -> tuple[int, int, int]:
 def frontier_bound(s: ScoredArrays, valid, vocab, eos, max_len):
     """``(bound, moved)`` of :func:`frontier_values` under ``jax.jit`` (vmap it over a leading
     query axis of ``valid: bool[Q, N]``, or of ``s`` for different scored sets); run it with
-    ``jax.enable_x64(True)``. It trusts its inputs: run :func:`check_assumptions` on the arrays
+    ``jax.enable_x64(True)``. It trusts its inputs: run :func:`~jaxrescore.rescore.assumptions.check_assumptions` on the arrays
     first (the host paths do), or a step above 0 or a top-m id outside the vocabulary goes
     unnoticed."""
     bound, moved, _ = frontier_values(s, valid, vocab, eos, max_len, _JAX)
@@ -476,7 +477,8 @@ class Frontier(NamedTuple):
 
 def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf, rows_checked: bool = False) -> Frontier:
     """The frontier bound of a scored set (every row) and its exits worth at least ``floor``, on
-    the host (numpy). ``rows_checked``: every row of ``s`` already passed :func:`check_rows`
+    the host (numpy). ``rows_checked``: every row of ``s`` already passed
+    :func:`~jaxrescore.rescore.assumptions.check_rows`
     (a scored set checks each block of rows once, as it is added); the structure is checked
     here either way."""
     check_structure(structure)
@@ -553,66 +555,6 @@ def _root_exits(s: ScoredArrays, structure: Structure) -> Exits:
     vals = np.minimum(row[toks], 0.0)
     keep = np.isfinite(vals)
     return _concat([Exits(np.full(int(keep.sum()), -1), np.zeros(int(keep.sum())), toks[keep], vals[keep])])
-
-
-def check_assumptions(s: ScoredArrays, structure: Structure) -> None:
-    """Raise ValueError when the target's numbers break an assumption of the module docstring
-    that can be seen in them: a step or a top-m log-prob above 0 or NaN, a top-m token id outside
-    the vocabulary, an impossible support structure."""
-    check_structure(structure)
-    check_rows(s, structure)
-
-
-def check_structure(structure: Structure) -> None:
-    """Raise ValueError for an impossible support structure (see :func:`check_assumptions`)."""
-    if not (isinstance(structure.max_len, (int, np.integer)) and structure.max_len >= 1):
-        raise ValueError(f"the target's max_len must be an integer >= 1, got {structure.max_len!r}")
-    vocab = structure.vocab_size
-    if vocab is not None and vocab < 1:
-        raise ValueError(f"the target's vocab_size must be >= 1 or unknown (None), got {vocab!r}")
-    if structure.eos is not None and (structure.eos < 0 or vocab is not None and structure.eos >= vocab):
-        raise ValueError(f"the target's eos={structure.eos} is not a token id in [0, {vocab})")
-
-
-def check_rows(s: ScoredArrays, structure: Structure) -> None:
-    """Raise ValueError when the rows of ``s`` break an assumption of the module docstring (see
-    :func:`check_assumptions`; the structure itself is :func:`check_structure`'s)."""
-    vocab = structure.vocab_size
-    width = s.tokens.shape[1]
-    real = np.arange(width)[None, :] < s.lengths[:, None]  # positions with a distribution
-    # the [N, L, m] top-m arrays are reduced per position first (no masked copies of them):
-    # their max is NaN where any is, and above 0 where any is
-    top_lps = s.top_lps[:, :width]
-    top_hi = _top_max(s, np)[:, :width] if top_lps.shape[2] else np.zeros(real.shape)
-    for name, arr in (("step", s.steps[:, :width]), ("top-m", top_hi), ("eos", s.eos_lps[:, :width])):
-        if not np.all(np.where(real, arr <= 0.0, True)):  # NaN fails this too
-            raise ValueError(
-                f"the target's forward returned a {name} log-prob that is NaN or above 0 (after "
-                "clipping): it breaks the proof's assumption that every step costs >= 0 nats"
-            )
-    if vocab is not None and s.top_ids.size:
-        ids = s.top_ids[:, :width]
-        outside = ((ids < 0) | (ids >= vocab)) & real[:, :, None]
-        r, c, j = np.nonzero(outside) if outside.any() else (np.zeros(0, np.int64),) * 3
-        named = np.isfinite(top_lps[r, c, j])  # padding among them (-inf): only named ones count
-        if named.any():
-            raise ValueError(
-                f"the target's forward named token {int(ids[r, c, j][named][0])} among a position's "
-                f"top-m, outside its vocabulary [0, {vocab})"
-            )
-
-
-def position_top_max(top_lps: np.ndarray) -> np.ndarray:
-    """float32[N, L]: the largest named log-prob at each position of ``top_lps: float32[N, L,
-    m]`` (NaN where any is; ``-inf`` for ``m = 0``): :attr:`ScoredArrays.top_max`."""
-    if top_lps.shape[2] == 0:
-        return np.full(top_lps.shape[:2], -np.inf, np.float32)
-    return np.max(top_lps, axis=2)
-
-
-def _top_max(s: ScoredArrays, xp):
-    """``s.top_max``, or the same reduced from ``s.top_lps`` where ``s`` keeps none."""
-    return xp.max(s.top_lps, axis=2) if s.top_max is None else s.top_max
 
 
 def clears(worst, bound, tolerance, xp=np):

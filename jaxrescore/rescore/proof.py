@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrescore.rescore.assumptions import check_structure
 from jaxrescore.rescore.frontier import (
     Frontier,
     ScoredArrays,
-    check_structure,
     clears,
     frontier,
     frontier_values,

@@ -25,7 +25,8 @@ from jaxrescore.models.decoding import proof_session
 from jaxrescore.models.mesh import to_host
 from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolerance
 from jaxrescore.rescore.appended import AppendedRows
-from jaxrescore.rescore.frontier import ScoredArrays, _gap, check_rows, complete, position_top_max
+from jaxrescore.rescore.assumptions import check_rows, position_top_max
+from jaxrescore.rescore.frontier import ScoredArrays, _gap, complete
 from jaxrescore.rescore.proof import kth_best, open_floor
 from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
