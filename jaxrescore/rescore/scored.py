@@ -533,7 +533,8 @@ class ScoredSet:
         for block in blocks:  # all checked first: a refused block leaves the buffers as they were
             rows.append(tuple(getattr(block, f) for f in _ROW_FIELDS))
         self._appended = (key, rows, len(self._packed))
-        self._cache = ScoredArrays(*rows.view()[:7], *self._row_arrays(length), rows.view()[7])
+        view = rows.view()  # _ROW_FIELDS' order: the fetched rows' three fields go before top_max
+        self._cache = ScoredArrays(*view[:7], *self._row_arrays(length), view[7])
         return self._cache
 
     def _row_arrays(self, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
