@@ -60,13 +60,14 @@ def test_noise_a_query_can_see_refuses_the_proof():
     assert RescoredIndex(SeekIndex(draft), quiet, rerank_window=0, top_m=2).top_k(3, prove=True).proven is True
 
 
-def _foreign_target(alter):
-    """A foreign length-2 target over 3 tokens whose ``score_frontier`` answers are ``alter``-ed
-    (``alter(FrontierScores) -> FrontierScores``), and a RescoredIndex over it."""
-    target = as_model(TableModel(3, 2, 5))
+def _foreign_target(alter, vocab=3, length=2, seeds=(5, 6), **options):
+    """A foreign target (a table over ``vocab`` tokens, ``length`` long) whose ``score_frontier``
+    answers are ``alter``-ed (``alter(FrontierScores) -> FrontierScores``), and a RescoredIndex
+    over it (``options``: its own; by default a window of 2 and top-2)."""
+    target = as_model(TableModel(vocab, length, seeds[0]))
 
     class Foreign:
-        vocab_size, eos, max_len = 3, None, 2
+        vocab_size, eos, max_len = vocab, None, length
 
         def next_logprobs(self, prefixes, lengths):
             return target.next_logprobs(prefixes, lengths)
@@ -77,7 +78,8 @@ def _foreign_target(alter):
         def score_frontier(self, seqs, *, top_m):
             return alter(target.score_frontier(seqs, top_m=top_m))
 
-    return RescoredIndex(SeekIndex(as_model(TableModel(3, 2, 6))), Foreign(), rerank_window=2, top_m=2)
+    return RescoredIndex(SeekIndex(as_model(TableModel(vocab, length, seeds[1]))), Foreign(),
+                         **{"rerank_window": 2, "top_m": 2, **options})
 
 
 def test_a_score_that_is_not_the_sum_of_its_steps_is_refused():
@@ -146,31 +148,19 @@ def test_a_later_rounds_bad_top_m_is_refused(bad):
     """The scored set checks each block of rows once, as it is added (the frontier of later
     rounds then trusts them): a top-m log-prob that is NaN or above 0 in a LATER round's forward
     is still refused, and the same search without it proves."""
-    table = as_model(TableModel(4, 3, 11))
     calls = []
 
-    class Later:
-        vocab_size, eos, max_len = 4, None, 3
-
-        def next_logprobs(self, prefixes, lengths):
-            return table.next_logprobs(prefixes, lengths)
-
-        def score_sequences(self, seqs):
-            return table.score_sequences(seqs)
-
-        def score_frontier(self, seqs, *, top_m):
-            fs = table.score_frontier(seqs, top_m=top_m)
-            calls.append(len(calls))
-            if len(calls) < 2 or bad is None:
-                return fs
-            top = np.array(fs.top_lps)
-            top[:, :, -1] = np.nan if bad == "nan" else 1e-3
-            return fs._replace(top_lps=top)
+    def later(fs):
+        calls.append(len(calls))
+        if len(calls) < 2 or bad is None:
+            return fs
+        top = np.array(fs.top_lps)
+        top[:, :, -1] = np.nan if bad == "nan" else 1e-3
+        return fs._replace(top_lps=top)
 
     def search():
         calls.clear()
-        return RescoredIndex(SeekIndex(as_model(TableModel(4, 3, 12))), Later(), rerank_window=1, top_m=2).top_k(
-            12, prove=True)
+        return _foreign_target(later, vocab=4, length=3, seeds=(11, 12), rerank_window=1).top_k(12, prove=True)
 
     with pytest.raises(ValueError, match="top-m log-prob that is NaN or above 0"):
         search()

@@ -3,8 +3,8 @@
 A proving search adds a block of rows each round and reads every row each round (the frontier,
 the reuse plan). Concatenating every block again each round copied the whole ``[N, L, m]`` top-m
 arrays each round (``N`` grows to thousands of rows of ``m = 64`` names per position); here each
-append writes only its own rows into buffers that double when full, and a read is a view of the
-rows written.
+append writes only its own rows into buffers that grow :data:`GROWTH`-fold when full, and a read
+is a view of the rows written.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def check_rows(s: ScoredArrays, structure: Structure) -> None:
 
 def position_top_max(top_lps: np.ndarray) -> np.ndarray:
     """float32[N, L]: the largest named log-prob at each position of ``top_lps: float32[N, L,
-    m]`` (NaN where any is; ``-inf`` for ``m = 0``): :attr:`~jaxrescore.rescore.frontier.ScoredArrays.top_max`."""
+    m]`` (NaN where any is; ``-inf`` for ``m = 0``), what
+    :attr:`~jaxrescore.rescore.frontier.ScoredArrays.top_max` holds."""
     if top_lps.shape[2] == 0:
         return np.full(top_lps.shape[:2], -np.inf, np.float32)
     return np.max(top_lps, axis=2)

@@ -456,9 +456,9 @@ def structure_numbers(structure: Structure) -> tuple[int, int, int]:
 def frontier_bound(s: ScoredArrays, valid, vocab, eos, max_len):
     """``(bound, moved)`` of :func:`frontier_values` under ``jax.jit`` (vmap it over a leading
     query axis of ``valid: bool[Q, N]``, or of ``s`` for different scored sets); run it with
-    ``jax.enable_x64(True)``. It trusts its inputs: run :func:`~jaxrescore.rescore.assumptions.check_assumptions` on the arrays
-    first (the host paths do), or a step above 0 or a top-m id outside the vocabulary goes
-    unnoticed."""
+    ``jax.enable_x64(True)``. It trusts its inputs: run
+    :func:`~jaxrescore.rescore.assumptions.check_assumptions` on the arrays first (the host paths
+    do), or a step above 0 or a top-m id outside the vocabulary goes unnoticed."""
     bound, moved, _ = frontier_values(s, valid, vocab, eos, max_len, _JAX)
     return bound, moved
 
@@ -478,9 +478,8 @@ class Frontier(NamedTuple):
 def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf, rows_checked: bool = False) -> Frontier:
     """The frontier bound of a scored set (every row) and its exits worth at least ``floor``, on
     the host (numpy). ``rows_checked``: every row of ``s`` already passed
-    :func:`~jaxrescore.rescore.assumptions.check_rows`
-    (a scored set checks each block of rows once, as it is added); the structure is checked
-    here either way."""
+    :func:`~jaxrescore.rescore.assumptions.check_rows` (a scored set checks each block of rows
+    once, as it is added); the structure is checked here either way."""
     check_structure(structure)
     if not rows_checked:
         check_rows(s, structure)
