@@ -197,8 +197,8 @@ def keep_only_exits(monkeypatch, keep) -> None:
 
     real_values, real_list = frontier_mod.frontier_values, frontier_mod.exit_list
 
-    def listed(values, structure, floor=-np.inf):
-        ex = real_list(values, structure, floor)
+    def listed(values, structure, floor=-np.inf, **options):
+        ex = real_list(values, structure, floor, **options)
         return type(ex)(*(a[keep(ex, structure)] for a in ex))
 
     def mutated(s, valid, vocab, eos, max_len, ops=frontier_mod._NP):

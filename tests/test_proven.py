@@ -13,6 +13,7 @@ import pytest
 from brute import BruteIndex, TableModel, as_model, keep_only_exits, reversed_pair
 from jaxrescore import RescoredIndex, SeekIndex, rescore_many
 from jaxrescore.rescore import frontier as frontier_mod
+from jaxrescore.rescore.growing import GrowingFrontier
 
 TIE_TOL = 1e-9
 
@@ -305,9 +306,31 @@ def test_exits_listed_above_a_floor_are_the_whole_list_cut_at_it(monkeypatch):
         return got
 
     monkeypatch.setattr(proof_mod, "frontier", compare)
+    # the searches' frontiers, round by round, are whole ones here (growing ones: the next test)
+    monkeypatch.setattr(GrowingFrontier, "__call__", lambda self, s, structure, floor: compare(s, structure, floor))
     wrong, unproven, n = battery(CASES[::5], windows=(0,), slices=((0, 4),))
     assert not wrong and not unproven
     assert len(seen) > 20 and any(math.isfinite(f) for f in seen)
+
+
+def test_searches_growing_frontiers_are_the_whole_ones(monkeypatch):
+    """Every frontier a proving search computes round by round, only where its scored set grew
+    (rescore/growing.py), is the whole computation's: the same bound, the same exits in the same
+    order, and a ``moved`` at least its."""
+    real, rounds = GrowingFrontier.__call__, []
+
+    def compare(self, s, structure, floor=-math.inf):
+        got = real(self, s, structure, floor)
+        want = frontier_mod.frontier(s, structure, floor, rows_checked=True)
+        assert got.bound == want.bound and got.moved >= want.moved
+        assert all(np.array_equal(a, b) for a, b in zip(got.exits, want.exits))
+        rounds.append(s.tokens.shape[0])
+        return got
+
+    monkeypatch.setattr(GrowingFrontier, "__call__", compare)
+    wrong, unproven, n = battery(CASES[::3], windows=(0,), slices=((0, 4), (2, 3)))
+    assert not wrong and not unproven
+    assert len(rounds) > 40
 
 
 def test_named_children_match_the_tries_edges(monkeypatch):

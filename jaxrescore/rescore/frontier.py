@@ -491,26 +491,31 @@ def frontier(s: ScoredArrays, structure: Structure, floor: float = -np.inf, rows
     return Frontier(float(bound), _at_least(exit_list(values, structure, floor), floor), float(moved))
 
 
-def exit_list(v: ExitValues, structure: Structure, floor: float = -np.inf) -> Exits:
+def exit_list(v: ExitValues, structure: Structure, floor: float = -np.inf, groups=None) -> Exits:
     """Every exit of ``v`` (host arrays) as ``(scored row, depth, token, value)``, one per (node,
     token): the prefix is the scored row's first ``depth`` tokens. With a ``floor``, only those
     worth at least it and the best ones (what :func:`_at_least` keeps of the whole list: most
     exits lie below the worst answer, and listing them was a third of a text proof's frontier
-    time)."""
+    time). ``groups`` (int[N], a group id >= 0 per SORTED row): the best ones of each group
+    instead; exits at depth 0 (the root) form a group of their own (see
+    :mod:`jaxrescore.rescore.growing`)."""
     parts = []  # (sorted row, depth, token, node, value)
-    every = (v.top, v.rest, v.eos, v.blind, v.complete, v.rows)
-    best = max(float(np.max(np.where(a > -np.inf, a, -np.inf), initial=-np.inf)) for a in every)
-    least = min(floor, best) if floor == floor else -np.inf  # a NaN floor lists every exit
     node = v.node[v.at_row, v.at_depth]
-    k, j = np.nonzero(_listed(v.top, least))
+    blind_depth = v.lengths  # blind and complete exits: at the end of their own row
+    # (values, their sorted rows, their depths) of each kind of exit
+    kinds = ((v.top, v.at_row, v.at_depth), (v.rest, v.at_row, v.at_depth), (v.eos, v.at_row, v.at_depth),
+             (v.blind, np.arange(v.blind.size), blind_depth), (v.complete, np.arange(v.complete.size), blind_depth),
+             (v.rows, v.row_at, v.row_depth))
+    least = _least(kinds, floor, groups)
+    k, j = np.nonzero(_listed(v.top, least[0]))
     parts.append((v.at_row[k], v.at_depth[k], v.top_ids[k, j], node[k], v.top[k, j]))
-    for values, token in ((v.rest, REST), (v.eos, structure.eos)):
-        k = np.flatnonzero(_listed(values, least))
+    for values, token, at in ((v.rest, REST, least[1]), (v.eos, structure.eos, least[2])):
+        k = np.flatnonzero(_listed(values, at))
         parts.append((v.at_row[k], v.at_depth[k], np.full(k.size, token, np.int64), node[k], values[k]))
-    for values, token in ((v.blind, REST), (v.complete, COMPLETE)):
-        i = np.flatnonzero(_listed(values, least))
+    for values, token, at in ((v.blind, REST, least[3]), (v.complete, COMPLETE, least[4])):
+        i = np.flatnonzero(_listed(values, at))
         parts.append((i, v.lengths[i], np.full(i.size, token, np.int64), v.node[i, v.lengths[i]], values[i]))
-    r, t = np.nonzero(_listed(v.rows, least))
+    r, t = np.nonzero(_listed(v.rows, least[5]))
     parts.append((v.row_at[r], v.row_depth[r], t, v.row_nodes[r], v.rows[r, t]))
     rows, depth, token, node, value = (np.concatenate([np.asarray(p[f], dt) for p in parts])
                                        for f, dt in enumerate((np.int64,) * 4 + (np.float64,)))
@@ -521,7 +526,32 @@ def exit_list(v: ExitValues, structure: Structure, floor: float = -np.inf) -> Ex
     return Exits(np.asarray(v.perm)[rows[keep]], depth[keep], token[keep], value[keep])
 
 
-def _listed(values: np.ndarray, least: float) -> np.ndarray:
+def exit_groups(groups: np.ndarray, rows, depth) -> np.ndarray:
+    """int64: the group of each exit at sorted row ``rows`` and ``depth`` (``groups``: int[N],
+    per sorted row, each >= 0); exits at the root (depth 0) in group ``groups.max() + 1``."""
+    groups = np.asarray(groups, np.int64)
+    return np.where(np.asarray(depth) > 0, groups[np.asarray(rows, np.int64)], groups.max(initial=-1) + 1)
+
+
+def _least(kinds: tuple, floor: float, groups=None) -> list:
+    """Per kind of exit (``(values, sorted rows, depths)``, a value per row of ``values``), the
+    least value listed: ``floor``, or the best value where none reaches it, over all the exits
+    or per group (``groups``: see :func:`exit_list`; then an array broadcast against
+    ``values``); a NaN floor lists every exit."""
+    if floor != floor:
+        return [-np.inf] * len(kinds)
+    best = [np.max(np.where(a > -np.inf, a, -np.inf), axis=tuple(range(1, a.ndim))) if a.size else np.zeros(0)
+            for a, _, _ in kinds]  # per row of each kind (NaN: never listed)
+    if groups is None:
+        return [min(floor, max(float(b.max(initial=-np.inf)) for b in best))] * len(kinds)
+    group = [exit_groups(groups, rows, depth) for _, rows, depth in kinds]
+    top = np.full(int(max((g.max(initial=-1) for g in group), default=-1)) + 1, -np.inf)
+    for b, g in zip(best, group):
+        np.maximum.at(top, g, b)
+    return [np.minimum(floor, top[g]).reshape((-1,) + (1,) * (a.ndim - 1)) for (a, _, _), g in zip(kinds, group)]
+
+
+def _listed(values: np.ndarray, least) -> np.ndarray:
     """Which exit values are listed: finite above ``-inf`` and at least ``least``."""
     return (values > -np.inf) & (values >= least)
 

@@ -107,7 +107,11 @@ def check_proof(scored, n: int, start: int, k: int) -> tuple[Proof, Frontier | N
     if not scored.proves:
         return NO_DISTRIBUTIONS, None
     worst = kth_best(scored.target_lps[:n], start + k - 1)
-    front = frontier(scored.arrays(n), scored.structure, floor=open_floor(worst, scored.tolerance), rows_checked=True)
+    floor, growing = open_floor(worst, scored.tolerance), getattr(scored, "growing", None)
+    if growing is not None and n == len(scored):  # recomputed only where the set grew (rescore.growing)
+        front = growing(scored.arrays(n), scored.structure, floor)
+    else:
+        front = frontier(scored.arrays(n), scored.structure, floor=floor, rows_checked=True)
     proven = bool(proof_verdict(worst, start, front.bound, front.moved, scored.tolerance, np))
     proof = explain(proven, front.bound, front.moved, worst, n, start, k, scored.tolerance)
     return on_cache(proof, scored, n, start + k - 1), front

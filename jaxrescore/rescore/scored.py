@@ -27,6 +27,7 @@ from jaxrescore.models.scores import DEFAULT_TOP_M, FrontierScores, score_tolera
 from jaxrescore.rescore.appended import AppendedRows
 from jaxrescore.rescore.assumptions import check_rows, position_top_max
 from jaxrescore.rescore.frontier import ScoredArrays, _gap, complete
+from jaxrescore.rescore.growing import GrowingFrontier
 from jaxrescore.rescore.proof import kth_best, open_floor
 from jaxrescore.rescore.reuse import KnownPrefixes, Reused, assemble, nothing_known, pad_fresh, plan, shift_left
 from jaxrescore.rescore.target import forward_rows, target_structure
@@ -150,6 +151,7 @@ class ScoredSet:
         self._session = proof_session(target) if self.proves else None
         self.drift = 0.0
         self.drift_at: tuple | None = None
+        self.growing = GrowingFrontier()  # the frontier of this set's rows, round by round
 
     def __len__(self) -> int:
         return len(self.seqs)
