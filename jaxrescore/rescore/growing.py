@@ -14,16 +14,18 @@ at least the floor it was asked for, and its best) and recomputes, with the same
 :func:`~jaxrescore.rescore.frontier.exit_list`, only the subtrees whose first token a new row or
 a new fetched row has. The root's own exits (the first position's top-m, rest, eos, its fetched
 row, empty views) depend on every subtree only through which first tokens exist and on the first
-row in sorted order, so they are recomputed each round from one row per subtree cut to its first
-token. The bound, the exits and their order are the whole computation's, exactly (tested on
-random growing sets, tests/test_growing_frontier.py). ``moved`` (assumption 4 of
+row in sorted order, so they are computed from one row per subtree cut to its first token, again
+only when a new first token, a new row of the smallest one, an empty view or a root fetched row
+comes (or from the whole set, when most of it is recomputed anyway). The bound, the exits and
+their order are the whole computation's, exactly (tested on random growing sets,
+tests/test_growing_frontier.py). ``moved`` (assumption 4 of
 :mod:`jaxrescore.rescore.frontier`) is the largest difference between two forwards of one prefix
 seen in ANY round: at least the whole computation's, so a proof is never let through on it.
 
-It trusts that rows are only appended, never changed (a :class:`~jaxrescore.rescore.scored.
-ScoredSet`'s per-position arrays; checks by a full forward change only scores, which the
-frontier does not read) and that the rows were checked as they were added; it starts over
-when the top-m width changes.
+It trusts that rows are only appended, never changed (the per-position arrays of a
+:class:`~jaxrescore.rescore.scored.ScoredSet`; checks by a full forward change only scores,
+which the frontier does not read) and that the rows were checked as they were added; it starts over
+when the top-m width or the target's structure changes, or when given fewer rows.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ class GrowingFrontier:
                 (self._groups and min(self._groups) in added):  # what the root's exits read changed
             self._root_exits = None
         self._rows = n
+        present = set(first.tolist()) - {-1}
         if 2 * np.isin(first, np.fromiter(touched, np.int64)).sum() >= n:  # most of it: all of it, no copy
-            touched = set(first.tolist()) - {-1}
-        root = self._grow(s, first, touched, floor)
+            touched = present
+        root = self._grow(s, first, touched, floor, whole=touched == present)
         if root is None:
             root = self._root(s, first)
         bound = max([float(root.value.max(initial=-np.inf))] + [g[1] for g in self._groups.values()])
@@ -91,13 +94,14 @@ class GrowingFrontier:
         exits = fm._concat([_above(root, least), Exits(*(a[keep] for a in self._exits))])
         return Frontier(bound, fm._at_least(exits, floor), max(self._moved, _root_moved(s, first)))
 
-    def _grow(self, s: ScoredArrays, first: np.ndarray, touched: set, floor: float) -> Exits | None:
+    def _grow(self, s: ScoredArrays, first: np.ndarray, touched: set, floor: float,
+              whole: bool = False) -> Exits | None:
         """Recompute the subtrees of the first tokens ``touched``: their exits worth at least
-        ``floor`` (and the best of each). Every subtree (the whole set, not copied) also gives
-        the root's exits worth at least what this round lists: returned then (else None)."""
+        ``floor`` (and the best of each). ``whole``: every subtree (the whole set, not copied),
+        which also gives the root's exits worth at least what this round lists: returned then
+        (else None)."""
         if not touched:
             return None
-        whole = len(touched) == len(set(first.tolist()) - {-1})
         rows = np.arange(first.size) if whole else np.flatnonzero(np.isin(first, np.fromiter(touched, np.int64)))
         sub = s if whole else _take_rows(s, rows, lambda p, q: q > 0 and p[0] in touched)
         _, moved, values = fm.frontier_values(sub, np.ones(rows.size, bool), *self.numbers)
