@@ -28,6 +28,11 @@ from jaxrescore.typing import PyTree
 # The smallest pool: rows of a first call and a few more without a regrow (and its compile).
 MIN_POOL_ROWS = 64
 GROWTH = 4
+# The CPU backend takes a numpy argument without copying it only when its data start on a
+# 64-byte boundary; numpy's own allocations start 16 bytes past one. Measured (jax 0.10.2, 2
+# cores): a 2,048-row gather of the real-text target's caches (four 33.5 MB leaves) copied on
+# each decode call took 17 ms per leaf, 0.05 ms aligned.
+DEVICE_ALIGN = 64
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -50,6 +55,23 @@ def _grown_host(pool, capacity: int):
         return out
 
     return jax.tree.map(grow, pool)
+
+
+def aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised numpy array whose data start on a :data:`DEVICE_ALIGN`-byte boundary (a
+    host-memory device reads it in place)."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(size + DEVICE_ALIGN, np.uint8)
+    skip = -raw.ctypes.data % DEVICE_ALIGN
+    return raw[skip : skip + size].view(dtype).reshape(shape)
+
+
+def _take_host(pool: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Rows ``slots`` of a host pool's leaf, gathered into an aligned array (see
+    :data:`DEVICE_ALIGN`): the decode call that reads them does not copy them again."""
+    out = aligned_empty((slots.size,) + pool.shape[1:], pool.dtype)
+    return np.take(pool, slots, axis=0, out=out, mode="clip")  # "raise" would copy via a buffer
 
 
 @jax.jit
@@ -111,7 +133,8 @@ class CachePools:
     def take(self, key: tuple, slots: np.ndarray) -> PyTree:
         """The rows ``slots`` (int32[B], padding rows any held slot) of pool ``key``."""
         if self.host:
-            return jax.tree.map(lambda p: p[np.asarray(slots, np.int64)], self._pools[key][0])
+            slots = np.asarray(slots, np.int64)
+            return jax.tree.map(lambda p: _take_host(p, slots), self._pools[key][0])
         return _take(self._pools[key][0], self._put(np.asarray(slots, np.int32)))
 
     def free(self, key: tuple, slots) -> None:
