@@ -141,8 +141,8 @@ class DeviceClock:
         self.seconds = 0.0
 
     def __enter__(self):
-        self._saved = [(importlib.import_module(m), name) for m, name in self.CALLS]
-        self._saved = [(mod, name, getattr(mod, name)) for mod, name in self._saved]
+        modules = [(importlib.import_module(m), name) for m, name in self.CALLS]
+        self._saved = [(mod, name, getattr(mod, name)) for mod, name in modules]
         for mod, name, fn in self._saved:
             setattr(mod, name, self._waited(fn))
         return self

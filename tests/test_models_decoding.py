@@ -342,3 +342,24 @@ def test_a_call_that_passes_the_budget_reads_the_parents_it_planned_to():
         got = s.next_logprobs(prefixes, lengths)
     np.testing.assert_allclose(got, m.next_logprobs(prefixes, lengths), atol=ATOL)
     assert s.extended >= 8 and s.nbytes <= s.max_bytes  # the children (fresh rows may share prefixes too)
+
+
+def test_host_pool_rows_are_gathered_aligned_for_the_device():
+    """A CPU session's pooled rows reach the decode call in place: they are gathered into arrays
+    starting on a 64-byte boundary (numpy's own start 16 bytes past one, and the CPU backend
+    copies those on every call), with the pool's values, dtype and shape, for any rows."""
+    from jaxrescore.models.cache_pool import DEVICE_ALIGN, CachePools, aligned_empty, pool_key
+
+    for shape, dtype in (((3, 5), np.float32), ((7,), np.int8), ((2, 3, 4, 5), np.float64)):
+        a = aligned_empty(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.ctypes.data % DEVICE_ALIGN == 0
+    rng = np.random.default_rng(3)
+    cache = ((rng.normal(size=(8, 2, 4, 3)).astype(np.float32), rng.normal(size=(8, 2, 4, 3)).astype(np.float32)),)
+    pools = CachePools(jax.device_put, host=True)
+    key = pool_key(cache, 4)
+    slots = pools.store(key, cache, 6, 64)
+    for want in ([0, 5, 5, 2], [3], list(range(6))):
+        got = pools.take(key, slots[want])
+        for leaf, src in zip(jax.tree.leaves(got), jax.tree.leaves(cache)):
+            assert leaf.ctypes.data % DEVICE_ALIGN == 0 and leaf.dtype == src.dtype
+            np.testing.assert_array_equal(leaf, src[want])
