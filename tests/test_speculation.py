@@ -160,3 +160,32 @@ def test_a_failed_round_fetches_nothing():
     with pytest.raises(ValueError, match="failed"):
         s.add([(3, 3, EOS)], np.zeros(1), np.full(1, -1), fetch=[()])
     assert (dict(s.rows), s.calls, s.sequences, len(s)) == before
+
+
+class _Rows:
+    """A draft whose rows are read-only (as a device's are), one column wider than the target's
+    vocabulary (its extra token the likeliest) and, with ``nan``, NaN at token 1."""
+
+    vocab_size, max_len, eos = 5, 5, EOS
+
+    def __init__(self, nan: bool):
+        self.nan = nan
+
+    def next_logprobs(self, prefixes, lengths):
+        rows = np.log(np.tile(np.array([0.05, 0.3, 0.15, 0.1, 0.4]), (len(lengths), 1)))
+        if self.nan:
+            rows[:, 1] = np.nan
+        rows.flags.writeable = False
+        return rows
+
+
+@pytest.mark.parametrize("nan", [True, False])
+def test_speculation_reads_nan_as_never_and_ignores_tokens_the_target_lacks(nan):
+    """A NaN entry is -inf (np.argmax would pick it), a token past the target's vocabulary ends no
+    path, and the draft's rows are not written to (a device's rows are read-only)."""
+    spec = speculate(_Rows(nan), [(), (0,)], Structure(vocab_size=4, eos=EOS, max_len=5), values=np.zeros(2))
+    for i, start in enumerate((0, 1)):
+        path = spec.rows[i, start : spec.lengths[i]]
+        assert path.size and 4 not in path and path[-1] == EOS
+        # of the tokens left eos is the likeliest, after token 1 when it is not NaN
+        assert list(path) == ([EOS] if nan else [1, 1, 1, 1][: 4 - start] + [EOS])[: 5 - start]

@@ -233,8 +233,10 @@ def speculate_steps(prefixes: list, structure: Structure, limit: int, branch: in
         lp = to_host((yield rows[idx, :width], lens[idx].astype(np.int32)))
         if lp.dtype not in (np.float32, np.float64):
             lp = lp.astype(np.float64)
-        lp = np.where(np.isnan(lp), -np.inf, lp)
+        if lp.size and np.isnan(lp.max()):  # one pass (max propagates NaN); a copy only if needed
+            lp = np.where(np.isnan(lp), -np.inf, lp)
         if structure.vocab_size is not None and lp.shape[1] > structure.vocab_size:
+            lp = np.array(lp)  # the device's rows are read-only
             lp[:, structure.vocab_size :] = -np.inf  # a token the target does not have ends no path
         if lp.shape[1] < need:  # a narrower draft gives the target's extra tokens (eos among them)
             lp = np.pad(lp, ((0, 0), (0, need - lp.shape[1])), constant_values=-np.inf)  # no estimate
