@@ -96,8 +96,8 @@ class SpareBuffers:
     Why: a session's host pools are written once per row, and the first write to each page of
     fresh memory costs a page fault. On a virtual machine the hypervisor also backs the page then,
     which costs more. Measured on the real-text workload (2 cores, a VM), the 32-prompt proof wrote
-    0.92 GB of row caches per call: 1.46 s of its 5.1 s when every session's pools were fresh
-    memory, ~0.2 s into memory written before.
+    0.92 GB of row caches per call: 1.35-1.44 s when every session's pools were fresh memory,
+    0.16 s into memory written before (the device's work waited for apart).
 
     A buffer is ``uint8[n]`` of any size at least the pool's; ``touched`` is how many of its bytes
     were written (pools fill their slots from the lowest). Spares are kept while their touched
