@@ -35,6 +35,26 @@ def test_vocabulary_text_round_trip_and_texts_after_the_prompt():
     assert all(t.startswith("the") and "<eos>" not in t for t in r.texts)
 
 
+def test_a_models_vocabulary_is_checked_once_and_a_bad_one_every_time(monkeypatch):
+    """A query's texts need its target's codec: a model's vocabulary (a tuple of strings) is
+    checked once, then its codec reused; a vocabulary that is not is checked (and refused) at each
+    use."""
+    from jaxrescore.models import text, vocabulary
+
+    checks = []
+    check = vocabulary.check_vocabulary
+    monkeypatch.setattr(text, "check_vocabulary", lambda *a: checks.append(a) or check(*a))
+    words = tuple(w + "_once" for w in WORDS)  # a tuple no other test has made a codec of
+    first = text.vocabulary_codec(words, len(words), 0)
+    assert text.vocabulary_codec(tuple(words), len(words), 0) is first and len(checks) == 1
+    assert first.decode((1, 2, 0)) == "the_once dog_once"
+    for bad in ((["a"], ["b"]), ("a", "a"), ("a",)):
+        for _ in range(2):
+            with pytest.raises(ValueError, match="vocabulary"):
+                text.vocabulary_codec(bad, 2, None)
+    assert len(checks) == 7
+
+
 def test_a_tokenizers_tokenizer_reads_and_writes_the_text():
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -16,6 +16,7 @@ decoding leaves a trailing ``eos`` out.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -59,8 +60,19 @@ class TextCodec:
 
 def vocabulary_codec(vocabulary, vocab_size: int, eos: int | None) -> TextCodec:
     """The codec of a vocabulary of token strings (checked, one per token id)."""
+    if isinstance(vocabulary, tuple) and all(isinstance(w, str) for w in vocabulary):
+        return _held_codec(vocabulary, vocab_size, eos)  # a model's own: checked once, not per query
+    return _codec(vocabulary, vocab_size, eos)
+
+
+def _codec(vocabulary, vocab_size: int, eos: int | None) -> TextCodec:
     words = check_vocabulary(vocabulary, vocab_size)
     return TextCodec(lambda text: text_ids(text, words, eos), lambda ids: decode_tokens(ids, words, eos), eos)
+
+
+# A query writes its answer's texts with its target's codec; checking a 3,210-word vocabulary takes
+# ~2 ms (a 32-prompt proof checked it 32 times).
+_held_codec = functools.lru_cache(maxsize=16)(_codec)
 
 
 def check_tokenizer(tokenizer: Any) -> Any:
