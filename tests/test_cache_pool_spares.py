@@ -71,8 +71,9 @@ def test_a_grown_host_pool_keeps_its_rows_and_gives_the_old_memory_back(monkeypa
     np.testing.assert_array_equal(pools.take(key, second)[0], more[0])
 
 
-def test_spares_keep_the_most_written_within_one_sessions_budget(monkeypatch):
-    monkeypatch.setenv("JAXRESCORE_DECODE_CACHE_BYTES", "1000")
+def test_spares_keep_the_most_written_within_their_budget(monkeypatch):
+    assert 64 << 20 <= cache_pool.spare_bytes() <= 4 << 30
+    monkeypatch.setattr(cache_pool, "spare_bytes", lambda: 1000)
     spare = SpareBuffers()
     bufs = [[np.empty(n, np.uint8), t] for n, t in ((2000, 700), (900, 400), (5000, 300), (300, 0))]
     spare.give(bufs)

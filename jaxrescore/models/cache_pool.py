@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrescore.models.cache_sizes import default_cache_bytes
+from jaxrescore.models.cache_sizes import memory_share
 from jaxrescore.sequences import bucket_size
 from jaxrescore.typing import PyTree
 
@@ -90,6 +90,12 @@ def _aligned_view(raw: np.ndarray, shape: tuple, dtype) -> np.ndarray:
     return raw[skip : skip + _nbytes(shape, dtype)].view(dtype).reshape(shape)
 
 
+def spare_bytes() -> int:
+    """The most written memory :class:`SpareBuffers` keeps: 4 GiB, or an eighth of the machine's
+    memory if less."""
+    return memory_share(4 << 30, 8)
+
+
 class SpareBuffers:
     """Host pool memory that sessions gave back, for the next pools (process-wide, thread-safe).
 
@@ -101,8 +107,9 @@ class SpareBuffers:
 
     A buffer is ``uint8[n]`` of any size at least the pool's; ``touched`` is how many of its bytes
     were written (pools fill their slots from the lowest). Spares are kept while their touched
-    bytes total at most :func:`~jaxrescore.models.cache_sizes.default_cache_bytes` (the budget of
-    ONE session's caches); :meth:`release` frees them all.
+    bytes total at most :func:`spare_bytes`, the most written first (a 32-prompt proof with the
+    student draft writes ~1.4 GB of pools, more than one session's default budget);
+    :meth:`release` frees them.
     """
 
     def __init__(self):
@@ -136,7 +143,7 @@ class SpareBuffers:
         rest are dropped: their memory is freed). Call with the lock held."""
         while self._given:
             self._spare.append(self._given.popleft())
-        budget, total, kept = default_cache_bytes(), 0, []
+        budget, total, kept = spare_bytes(), 0, []
         for b in sorted(self._spare, key=lambda b: -b[1]):
             if b[1] > 0 and total + b[1] <= budget:
                 kept.append(b)
