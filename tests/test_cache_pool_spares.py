@@ -39,7 +39,7 @@ def test_a_session_reuses_a_dropped_ones_memory_and_reads_none_of_its_rows(monke
     rng = np.random.default_rng(5)
     first = decoding_session(m)
     assert first._pools.host  # the CPU backend
-    _levels(first, m, rng.integers(1, 6, size=(24, 6)).astype(np.int32))
+    _levels(first, m, rng.integers(1, 6, size=(8, 4)).astype(np.int32))
     given = _buffers(first)
     assert given and all(touched > 0 for _, touched in given)
     first.clear()
@@ -47,7 +47,7 @@ def test_a_session_reuses_a_dropped_ones_memory_and_reads_none_of_its_rows(monke
     for raw, _ in spare._spare:  # what a later session finds there: NaN in every float
         raw[:] = 0xFF
     second = decoding_session(m)
-    _levels(second, m, rng.integers(1, 6, size=(24, 6)).astype(np.int32))
+    _levels(second, m, rng.integers(1, 6, size=(8, 4)).astype(np.int32))
     assert {id(raw) for raw, _ in _buffers(second)} == {id(raw) for raw, _ in given}
     assert spare.nbytes == 0  # every spare in use
     del second
