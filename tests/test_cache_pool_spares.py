@@ -3,6 +3,8 @@ dropped session gives its pools' buffers back, the next session's pools are cut 
 row a session did not write itself is ever read."""
 
 import gc
+import subprocess
+import sys
 import threading
 
 import jax
@@ -102,3 +104,22 @@ def test_a_session_dropped_while_the_spares_are_locked_does_not_deadlock():
     t.join(10)
     assert not t.is_alive()
     assert spare.nbytes == 64 and spare.take(32) is buf
+
+
+EXIT_SCRIPT = r"""
+import numpy as np
+from jaxrescore.models import decoding_session
+from jaxrescore.models.transformer import TransformerConfig, TransformerLM
+m = TransformerLM(TransformerConfig(vocab_size=6, d_model=16, n_layers=1, n_heads=2, max_len=6, eos=0), seed=1)
+HELD = decoding_session(m)
+HELD.next_logprobs(np.ones((2, 2), np.int32), np.array([1, 2], np.int32))
+print("held")
+"""
+
+
+def test_a_session_held_until_the_interpreter_exits_gives_nothing_back_and_prints_nothing():
+    """Regression: a session alive at exit was dropped after the modules' globals were gone, and
+    giving its memory back printed "Exception ignored in CachePools.__del__" on stderr."""
+    got = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0 and got.stdout.strip() == "held", got.stderr
+    assert "Exception ignored" not in got.stderr and "Traceback" not in got.stderr, got.stderr

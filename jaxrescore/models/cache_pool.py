@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from functools import partial
 import collections
+import sys
 import threading
 
 import jax
@@ -201,8 +202,8 @@ class CachePools:
         pools, self._pools = self._pools, {}
         SPARE.give([b for held in pools.values() if held[3] for b in held[3]])
 
-    def __del__(self):
-        if getattr(self, "_pools", None) and SPARE is not None:  # (SPARE: None at interpreter exit)
+    def __del__(self, _exiting=sys.is_finalizing):  # (bound here: module globals go at exit)
+        if getattr(self, "_pools", None) and not _exiting():
             self.clear()
 
     def row_bytes(self, key: tuple) -> int:
