@@ -363,3 +363,24 @@ def test_host_pool_rows_are_gathered_aligned_for_the_device():
         for leaf, src in zip(jax.tree.leaves(got), jax.tree.leaves(cache)):
             assert leaf.ctypes.data % DEVICE_ALIGN == 0 and leaf.dtype == src.dtype
             np.testing.assert_array_equal(leaf, src[want])
+
+
+def test_a_pool_of_tiny_rows_reuses_the_last_freed_slots_first_and_lists_no_free_slot():
+    """A host pool is made at its cap: for a user's step model with 32-byte rows that is ~2**25
+    slots, which a list of free slots took ~3 s to build and ~1 s to drop (every such session's
+    first call). Never-used slots are a counter now; the order is unchanged: the last freed slot
+    first, then the lowest never-used."""
+    from jaxrescore.models.cache_pool import CachePools, pool_key
+
+    cache = {"sum": np.arange(32, dtype=np.float32).reshape(4, 8)}
+    for host in (True, False):
+        pools = CachePools(jax.device_put, host=host)
+        key = pool_key(cache, 1)
+        first = pools.store(key, cache, 4, 1 << 25)
+        assert first.tolist() == [0, 1, 2, 3] and len(pools._pools[key][2]) == 0
+        pools.free(key, first[[1, 2]])
+        again = pools.store(key, cache, 3, 1 << 25)
+        assert again.tolist() == [2, 1, 4]
+        got = np.asarray(pools.take(key, np.array([2, 1, 4, 0]))["sum"])
+        np.testing.assert_array_equal(got, cache["sum"][[0, 1, 2, 0]])
+    assert pools._pools[key][1] < 1 << 25  # a device pool grows as it fills

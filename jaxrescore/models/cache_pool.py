@@ -181,6 +181,18 @@ def _take(pool, idx):
     return jax.tree.map(lambda x: x[idx], pool)
 
 
+def _pop_slots(held: list, m: int) -> np.ndarray:
+    """int64[m]: free slots of pool ``held`` (see :class:`CachePools`), the last freed first, then
+    never-used ones in ascending order (so a pool fills from its lowest slots)."""
+    freed = held[2]
+    n = min(len(freed), m)
+    reused = freed[len(freed) - n :][::-1]
+    del freed[len(freed) - n :]
+    fresh = np.arange(held[4], held[4] + m - n, dtype=np.int64)
+    held[4] += m - n
+    return np.concatenate([np.asarray(reused, np.int64), fresh])
+
+
 def pool_key(cache: PyTree, length: int) -> tuple:
     """The pool a cache's rows go to: its row-cache length, tree and per-row leaf shapes."""
     leaves, tree = jax.tree.flatten(cache)
@@ -193,8 +205,10 @@ class CachePools:
     def __init__(self, put, host: bool = False):
         self._put = put  # host index array -> device (split over a mesh's batch axis)
         self.host = host  # pools as numpy arrays (see the module docstring)
-        # key -> [pool pytree, capacity, free slots (list, ascending pops), a host pool's buffers
-        # ([raw, touched bytes] per leaf, see SpareBuffers) or None]
+        # key -> [pool pytree, capacity, freed slots (reused last freed first), a host pool's
+        # buffers ([raw, touched bytes] per leaf, see SpareBuffers) or None, the first slot never
+        # used (slots past it are free: a list of them would hold every slot of a host pool made
+        # at its cap, 33M of them for a user's step model with 32-byte rows, ~3 s to build)]
         self._pools: dict = {}
 
     def clear(self) -> None:
@@ -222,27 +236,26 @@ class CachePools:
             least = bucket_size(max_rows, 1) if self.host else min(MIN_POOL_ROWS, bucket_size(max_rows, 1))
             capacity = max(bucket_size(rows, 1), least)
             if not self.host:
-                self._pools[key] = [_grown(cache, capacity), capacity, list(range(capacity - 1, m - 1, -1)), None]
+                self._pools[key] = [_grown(cache, capacity), capacity, [], None, m]
                 return np.arange(m, dtype=np.int64)
             # a host pool starts empty: the rows are written below, as into any pool
             pool, buffers = _host_pool(cache, capacity)
-            held = self._pools[key] = [pool, capacity, list(range(capacity - 1, -1, -1)), buffers]
-        if len(held[2]) < m:  # grown four-fold (each growth copies the whole pool), to the cap
-            capacity = bucket_size(held[1] - len(held[2]) + m, min(GROWTH * held[1], bucket_size(max_rows, 1)))
+            held = self._pools[key] = [pool, capacity, [], buffers, 0]
+        free = len(held[2]) + held[1] - held[4]
+        if free < m:  # grown four-fold (each growth copies the whole pool), to the cap
+            capacity = bucket_size(held[1] - free + m, min(GROWTH * held[1], bucket_size(max_rows, 1)))
             if self.host:
                 pool, buffers = _host_pool(held[0], capacity, held[1])
                 SPARE.give(held[3])
                 held[0], held[3] = pool, buffers
             else:
                 held[0] = _grown(held[0], capacity)
-            held[2] = list(range(capacity - 1, held[1] - 1, -1)) + held[2]
             held[1] = capacity
-        slots = np.array([held[2].pop() for _ in range(m)], np.int64)
+        slots = _pop_slots(held, m)
         if self.host:
-            top = int(slots.max()) + 1
             for p, r, buf in zip(jax.tree.leaves(held[0]), jax.tree.leaves(cache), held[3]):
                 p[slots] = np.asarray(r)[:m]
-                buf[1] = max(buf[1], top * _nbytes(p.shape[1:], p.dtype))
+                buf[1] = max(buf[1], held[4] * _nbytes(p.shape[1:], p.dtype))
             return slots
         idx = np.full(rows, held[1], np.int32)  # padding rows: past the pool, dropped
         idx[:m] = slots
