@@ -19,10 +19,10 @@ process-wide spare list (:class:`SpareBuffers`) that the next session's pools ar
 
 from __future__ import annotations
 
-from functools import partial
 import collections
 import sys
 import threading
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ def _grown(pool, capacity: int):
 
 def _host_pool(cache, capacity: int, rows: int = 0) -> tuple:
     """``(pool, buffers)``: a host pool of ``capacity`` rows cut from :data:`SPARE`'s buffers (its
-    rows uninitialised) holding ``cache``'s first ``rows`` rows (a grown pool's held rows)."""
+    rows uninitialised) holding ``cache``'s first ``rows`` rows (a grown pool's used rows)."""
     leaves, tree = jax.tree.flatten(cache)
     pool, buffers = [], []
     for leaf in leaves:
@@ -245,7 +245,7 @@ class CachePools:
         if free < m:  # grown four-fold (each growth copies the whole pool), to the cap
             capacity = bucket_size(held[1] - free + m, min(GROWTH * held[1], bucket_size(max_rows, 1)))
             if self.host:
-                pool, buffers = _host_pool(held[0], capacity, held[1])
+                pool, buffers = _host_pool(held[0], capacity, held[4])  # (slots past held[4]: never used)
                 SPARE.give(held[3])
                 held[0], held[3] = pool, buffers
             else:
